@@ -1,0 +1,95 @@
+// Extents and strides. Rank is a compile-time integer, extents are run-time and
+// signed, so that a negative extent or an element count that overflows is caught
+// (as shape_error naming the shape) before anything is allocated.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "config.hpp"
+#include "error.hpp"
+
+namespace locus {
+
+template <std::size_t R>
+using extents = std::array<index_t, R>;
+
+namespace detail {
+
+template <std::size_t R>
+std::string shape_string(const extents<R>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < R; ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+template <std::size_t R>
+extents<R> to_extents(const index_t (&s)[R]) {
+  extents<R> e{};
+  for (std::size_t i = 0; i < R; ++i) e[i] = s[i];
+  return e;
+}
+
+/// Number of elements; throws shape_error for negative extents or when the byte
+/// size would not fit in a signed 64-bit integer.
+template <std::size_t R>
+index_t checked_numel(const extents<R>& s, std::size_t elem_size) {
+  index_t n = 1;
+  const index_t max_elems =
+      std::numeric_limits<index_t>::max() / static_cast<index_t>(elem_size == 0 ? 1 : elem_size);
+  for (std::size_t i = 0; i < R; ++i) {
+    if (s[i] < 0)
+      throw shape_error("locus: negative extent " + std::to_string(s[i]) + " at axis " +
+                        std::to_string(i) + " in shape " + shape_string(s) +
+                        "; extents must be >= 0");
+  }
+  for (std::size_t i = 0; i < R; ++i) {
+    if (s[i] == 0) return 0;
+  }
+  for (std::size_t i = 0; i < R; ++i) {
+    if (n > max_elems / s[i])
+      throw shape_error("locus: shape " + shape_string(s) + " has more elements than fit in " +
+                        std::to_string(elem_size) + "-byte elements addressed by 64 bits");
+    n *= s[i];
+  }
+  return n;
+}
+
+template <std::size_t R>
+index_t numel_of(const extents<R>& s) noexcept {
+  index_t n = 1;
+  for (std::size_t i = 0; i < R; ++i) n *= s[i];
+  return n;
+}
+
+template <std::size_t R>
+extents<R> contiguous_strides(const extents<R>& s) noexcept {
+  extents<R> st{};
+  index_t acc = 1;
+  for (std::size_t i = R; i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+template <std::size_t R>
+bool is_contiguous(const extents<R>& shape, const extents<R>& strides) noexcept {
+  for (std::size_t i = 0; i < R; ++i)
+    if (shape[i] == 0) return true;  // empty: nothing to lay out
+  index_t acc = 1;
+  for (std::size_t i = R; i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != acc) return false;
+    acc *= shape[i];
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace locus

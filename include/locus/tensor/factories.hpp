@@ -1,0 +1,192 @@
+// Factories: empty, zeros, ones, full, arange, rand, randn, from_host. The dtype and
+// device are template arguments and the shape's length gives the rank:
+//   auto x = locus::zeros<float, locus::cuda>({256, 784});   // tensor<float, cuda, 2>
+// Fills are one kernel source (backend/launch.hpp) for every device, so filling a
+// cuda tensor with anything but zeros needs nvcc, like any other kernel.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <ranges>
+#include <cstring>
+#include <span>
+#include <type_traits>
+
+#include "../backend/launch.hpp"
+#include "../ops/random.hpp"
+#include "tensor.hpp"
+
+namespace locus {
+
+namespace detail {
+
+/// A scalar of arithmetic type (or already T) converted to dtype T.
+template <class T, class V>
+LOCUS_HOST_DEVICE T scalar_cast(V v) {
+  if constexpr (std::is_same_v<T, V>) return v;
+  else if constexpr (is_half_v<T>) return T(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != V{};
+  else return static_cast<T>(v);
+}
+
+template <class T>
+struct fill_value {
+  T* dst;
+  T value;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const { dst[i] = value; }
+};
+
+template <class T>
+struct arange_fill {
+  T* dst;
+  double start, step;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>)
+      dst[i] = scalar_cast<T>(start + static_cast<double>(i) * step);
+    else
+      dst[i] = static_cast<T>(static_cast<index_t>(start) + i * static_cast<index_t>(step));
+  }
+};
+
+template <class T>
+constexpr bool require_floating_dtype() {
+  static_assert(dtype_traits<T>::is_floating,
+                "locus: rand and randn produce floating-point values; use f32, f64, f16 or "
+                "bf16 (and cast<T> afterwards for integers)");
+  return dtype_traits<T>::is_floating;
+}
+
+template <class V>
+concept Scalar = std::is_arithmetic_v<V> || is_half_v<V>;
+
+}  // namespace detail
+
+/// Uninitialised tensor of the given shape.
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> empty(const extents<R>& shape) {
+  return tensor<T, D, R>(shape);
+}
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> empty(const index_t (&shape)[R]) {
+  return tensor<T, D, R>(detail::to_extents(shape));
+}
+
+/// All-zero tensor (a memset: no kernel, so it works in host-compiled files on cuda).
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> zeros(const extents<R>& shape) {
+  tensor<T, D, R> t(shape);
+  if (t.size_bytes() == 0) return t;
+  if constexpr (D::host_accessible) {
+    std::memset(t.data_handle(), 0, t.size_bytes());
+  } else {
+#if LOCUS_HAS_CUDA
+    LOCUS_CUDA_CHECK(cudaMemsetAsync(t.data_handle(), 0, t.size_bytes(), detail::current_stream()));
+#endif
+  }
+  return t;
+}
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> zeros(const index_t (&shape)[R]) {
+  return zeros<T, D>(detail::to_extents(shape));
+}
+
+/// Tensor with every element equal to value (converted to T).
+template <Dtype T, Device D, std::size_t R, detail::Scalar V>
+tensor<T, D, R> full(const extents<R>& shape, V value) {
+  tensor<T, D, R> t(shape);
+  detail::launch_n<D>(t.numel(), detail::fill_value<T>{t.data_handle(), detail::scalar_cast<T>(value)});
+  return t;
+}
+template <Dtype T, Device D, std::size_t R, detail::Scalar V>
+tensor<T, D, R> full(const index_t (&shape)[R], V value) {
+  return full<T, D>(detail::to_extents(shape), value);
+}
+
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> ones(const extents<R>& shape) {
+  return full<T, D>(shape, 1);
+}
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> ones(const index_t (&shape)[R]) {
+  return full<T, D>(detail::to_extents(shape), 1);
+}
+
+/// [start, start + step, ...) up to but excluding stop, as a rank-1 tensor.
+template <Dtype T, Device D>
+tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
+  if (step == 0.0 || !(step == step))
+    throw shape_error("locus: arange step must be finite and non-zero");
+  const double span = (stop - start) / step;
+  const index_t n = span > 0 ? static_cast<index_t>(std::ceil(span)) : 0;
+  tensor<T, D, 1> t(extents<1>{n});
+  detail::launch_n<D>(n, detail::arange_fill<T>{t.data_handle(), start, step});
+  return t;
+}
+/// 0, 1, ..., n-1.
+template <Dtype T, Device D>
+tensor<T, D, 1> arange(index_t n) {
+  return arange<T, D>(0.0, static_cast<double>(n), 1.0);
+}
+
+/// Uniform values in [lo, hi). Element i depends only on (seed, i): the same seed
+/// gives the same tensor on every device.
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> rand(const extents<R>& shape, std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
+  tensor<T, D, R> t(shape);
+  if constexpr (detail::require_floating_dtype<T>())
+    detail::launch_n<D>(t.numel(), detail::uniform_fill<T>{t.data_handle(), seed, lo, hi});
+  return t;
+}
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> rand(const index_t (&shape)[R], std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
+  return rand<T, D>(detail::to_extents(shape), seed, lo, hi);
+}
+
+/// Normal values N(mean, stddev^2); element i depends only on (seed, i).
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> randn(const extents<R>& shape, std::uint64_t seed, double mean = 0.0,
+                      double stddev = 1.0) {
+  tensor<T, D, R> t(shape);
+  if constexpr (detail::require_floating_dtype<T>())
+    detail::launch_n<D>(t.numel(), detail::normal_fill<T>{t.data_handle(), seed, mean, stddev});
+  return t;
+}
+template <Dtype T, Device D, std::size_t R>
+tensor<T, D, R> randn(const index_t (&shape)[R], std::uint64_t seed, double mean = 0.0,
+                      double stddev = 1.0) {
+  return randn<T, D>(detail::to_extents(shape), seed, mean, stddev);
+}
+
+/// A tensor on D holding a copy of host data, laid out row-major in the given shape.
+/// The data's size must equal the shape's element count (shape_error naming both).
+template <Device D, Dtype T, std::size_t R>
+tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const extents<R>& shape) {
+  using V = std::remove_cv_t<T>;
+  const index_t n = detail::checked_numel(shape, sizeof(V));
+  if (static_cast<index_t>(data.size()) != n)
+    throw shape_error("locus: from_host got " + std::to_string(data.size()) +
+                      " elements for shape " + detail::shape_string(shape) + " (" +
+                      std::to_string(n) + " elements)");
+  tensor<V, D, R> t(shape);
+  detail::copy_bytes<cpu, D>(t.data_handle(), data.data(), t.size_bytes());
+  return t;
+}
+template <Device D, Dtype T, std::size_t R>
+tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const index_t (&shape)[R]) {
+  return from_host<D>(data, detail::to_extents(shape));
+}
+/// Any contiguous range (std::vector, std::array, ...).
+template <Device D, std::ranges::contiguous_range Range, std::size_t R>
+  requires Dtype<std::ranges::range_value_t<Range>>
+auto from_host(const Range& data, const index_t (&shape)[R]) {
+  return from_host<D>(std::span<const std::ranges::range_value_t<Range>>(std::ranges::data(data), std::ranges::size(data)),
+                      detail::to_extents(shape));
+}
+template <Device D, std::ranges::contiguous_range Range, std::size_t R>
+  requires Dtype<std::ranges::range_value_t<Range>>
+auto from_host(const Range& data, const extents<R>& shape) {
+  return from_host<D>(std::span<const std::ranges::range_value_t<Range>>(std::ranges::data(data), std::ranges::size(data)),
+                      shape);
+}
+
+}  // namespace locus

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Writes include/locus/core/rules_pairs.hpp: the pairwise branches of the type rules.
+
+A static_assert message must be a string literal in C++20, so a diagnostic that names
+both dtypes (or ranks, or devices) needs one branch per pair. They are written out
+here rather than expanded from macros, because g++ prints an "in expansion of macro"
+note per macro level, which would push the first-error output past 25 lines.
+Run: python3 scripts/generate-rules.py
+"""
+import pathlib
+
+DTYPES = [("float", "f32"), ("double", "f64"), ("std::int32_t", "i32"), ("std::int64_t", "i64"),
+          ("std::uint8_t", "u8"), ("bool", "bool"), ("::locus::f16", "f16"), ("::locus::bf16", "bf16")]
+RANKS = range(9)
+DEVICES = ["cpu", "pinned", "cuda"]
+
+RULES = []
+
+def dtype_rule(name, msg, fallback, comment):
+    pairs = []
+    for ta, na in DTYPES:
+        for tb, nb in DTYPES:
+            if ta != tb:
+                pairs.append((f"std::is_same_v<A, {ta}> && std::is_same_v<B, {tb}>", msg(na, nb)))
+    text = [f"// {comment}", "template <class A0, class B0>", f"constexpr bool {name}() {{",
+            "  using A = std::remove_cv_t<A0>;", "  using B = std::remove_cv_t<B0>;",
+            "  if constexpr (std::is_same_v<A, B>) {", "    return true;"]
+    for cond, m in pairs:
+        text += [f"  }} else if constexpr ({cond}) {{", f"    static_assert(always_false<A>, \"{m}\");", "    return false;"]
+    text += ["  } else {", f"    static_assert(always_false<A>, \"{fallback}\");", "    return false;", "  }", "}", ""]
+    RULES.append("\n".join(text))
+
+def rank_rule(name, msg, fallback, comment):
+    text = [f"// {comment}", "template <std::size_t A, std::size_t B>", f"constexpr bool {name}() {{",
+            "  if constexpr (A == B) {", "    return true;"]
+    for a in RANKS:
+        for b in RANKS:
+            if a != b:
+                text += [f"  }} else if constexpr (A == {a} && B == {b}) {{",
+                         f"    static_assert(always_false_v<A>, \"{msg(a, b)}\");", "    return false;"]
+    text += ["  } else {", f"    static_assert(always_false_v<A>, \"{fallback}\");", "    return false;", "  }", "}", ""]
+    RULES.append("\n".join(text))
+
+def device_rule(name, params, msg, fallback, comment):
+    a, b = params
+    text = [f"// {comment}", f"template <class {a}, class {b}>", f"constexpr bool {name}() {{",
+            f"  if constexpr (std::is_same_v<{a}, {b}>) {{", "    return true;"]
+    for da in DEVICES:
+        for db in DEVICES:
+            if da != db:
+                text += [f"  }} else if constexpr (std::is_same_v<{a}, {da}> && std::is_same_v<{b}, {db}>) {{",
+                         f"    static_assert(always_false<{a}>, \"{msg(da, db)}\");", "    return false;"]
+    text += ["  } else {", f"    static_assert(always_false<{a}>, \"{fallback}\");", "    return false;", "  }", "}", ""]
+    RULES.append("\n".join(text))
+
+dtype_rule("require_same_operand_dtype",
+           lambda a, b: f"locus: operands have different dtypes ({a} and {b}); convert one explicitly with locus::cast<{b}>(x) or locus::cast<{a}>(y)",
+           "locus: operands have different dtypes; convert one with locus::cast<T>(x)",
+           "Prevents: silent promotion or reinterpretation when two dtypes meet in one operation.")
+dtype_rule("require_same_copy_dtype",
+           lambda a, b: f"locus: copy between different dtypes ({a} to {b}); copy moves bytes and never converts: write locus::copy(locus::cast<{b}>(src), dst) instead",
+           "locus: copy between different dtypes; cast first with locus::cast<T>(src)",
+           "Prevents: a byte copy between buffers whose elements mean different things.")
+rank_rule("require_same_copy_rank",
+          lambda a, b: f"locus: copy between tensors of different rank ({a} and {b}); reshape one side first, e.g. locus::copy(src.reshape(dst.shape()), dst)",
+          "locus: copy between tensors of different rank; reshape one side first",
+          "Prevents: a flat copy between tensors of different rank.")
+rank_rule("require_assign_rank",
+          lambda a, b: f"locus: destination has rank {a} but the source has rank {b}; reshape the destination or the source",
+          "locus: destination and source ranks differ; reshape one side",
+          "Prevents: assigning a value of another rank (A: destination, B: source).")
+device_rule("require_same_operand_device", ("A", "B"),
+            lambda a, b: f"locus: operands live on different devices ({a} and {b}); transfers are explicit: move one with locus::to<locus::{a}>(x) or locus::to<locus::{b}>(y)",
+            "locus: operands live on different devices; move one with locus::to<D>(x)",
+            "Prevents: 'Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu'.")
+device_rule("require_assign_device", ("S", "T"),
+            lambda s, t: f"locus: cannot assign a {s} tensor or expression to a {t} tensor; transfers are explicit: write locus::to<locus::{t}>(x), or evaluate on {s} first and then locus::copy(src, dst)",
+            "locus: cannot assign across devices; write locus::to<D>(x)",
+            "Prevents: a device transfer (and its synchronisation) hidden in an assignment (S: source, T: destination).")
+
+header = '''// GENERATED by scripts/generate-rules.py -- do not edit; edit the script and rerun it.
+// The pairwise branches of the type rules (see rules.hpp): one static_assert per pair,
+// so that the message names both dtypes, ranks or devices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "device.hpp"
+#include "dtype.hpp"
+
+namespace locus::detail {
+
+'''
+out = header + "\n".join(RULES) + "}  // namespace locus::detail\n"
+path = pathlib.Path(__file__).resolve().parent.parent / "include/locus/core/rules_pairs.hpp"
+path.write_text(out)
+print(f"wrote {path} ({out.count(chr(10))} lines)")

@@ -1,0 +1,56 @@
+// Allocator internals: size classes, the host allocator's accounting, and
+// thread-safety of the statistics.
+#include <doctest/doctest.h>
+
+#include <thread>
+#include <vector>
+
+#include <locus/locus.hpp>
+
+TEST_CASE("size classes: 512-byte granules, then at most 25% rounding") {
+  using locus::detail::size_class;
+  CHECK(size_class(1) == 512);
+  CHECK(size_class(512) == 512);
+  CHECK(size_class(513) == 1024);
+  CHECK(size_class(1 << 20) == (1u << 20));
+  for (std::size_t b : {std::size_t{1} << 20 | 1, std::size_t{3} << 21, std::size_t{123456789}}) {
+    const auto c = size_class(b);
+    CHECK(c >= b);
+    CHECK(static_cast<double>(c) <= 1.25 * static_cast<double>(b) + 512);
+    CHECK(size_class(c) == c);
+  }
+}
+
+TEST_CASE("peak tracks the high-water mark and reset_peak_memory_stats starts again") {
+  locus::reset_peak_memory_stats<locus::cpu>();
+  const auto base = locus::memory_stats<locus::cpu>().allocated_bytes;
+  {
+    auto a = locus::empty<double, locus::cpu>({1 << 16});
+    auto b = locus::empty<double, locus::cpu>({1 << 16});
+  }
+  const auto s = locus::memory_stats<locus::cpu>();
+  CHECK(s.peak_allocated_bytes >= base + 2 * (8u << 16));
+  locus::reset_peak_memory_stats<locus::cpu>();
+  CHECK(locus::memory_stats<locus::cpu>().peak_allocated_bytes == base);
+}
+
+TEST_CASE("allocators are safe to use from several threads") {
+  const auto before = locus::memory_stats<locus::pinned>().allocated_bytes;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([] {
+      for (int i = 0; i < 200; ++i) {
+        auto a = locus::empty<float, locus::pinned>({64 + i});
+        auto b = locus::empty<float, locus::cpu>({64 + i});
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);
+}
+
+TEST_CASE("pinned falls back to pageable memory without a driver, and says so") {
+  auto p = locus::ones<float, locus::pinned>({16});
+  const auto env = locus::environment();
+  CHECK(locus::memory_stats<locus::pinned>().fallback == !env.pinned_page_locked);
+  if (!locus::cuda_available()) CHECK(locus::memory_stats<locus::pinned>().fallback);
+}

@@ -1,0 +1,67 @@
+// Host suite: the device-generic bodies for cpu and pinned, plus what only host
+// memory allows (element access, span, bounds checks).
+#define LOCUS_TEST_DEVICES locus::cpu, locus::pinned
+#include "generic/tensor_cases.hpp"
+
+#include <cstdlib>
+
+TEST_CASE("element access, span and data on host tensors") {
+  auto t = locus::arange<float, locus::cpu>(12);
+  auto m = t.reshape({3, 4});
+  CHECK(m(2, 3) == 11.0f);
+  m(1, 1) = -5.0f;
+  CHECK(t(5) == -5.0f);
+  CHECK(t.span().size() == 12);
+  CHECK(t.data() == t.data_handle());
+  const auto& ct = t;
+  static_assert(std::is_same_v<decltype(ct.span()), std::span<const float>>);
+  static_assert(std::is_same_v<decltype(ct.view()), locus::tensor_view<const float, locus::cpu, 1>>);
+  auto s = locus::full<double, locus::cpu>(locus::extents<0>{}, 3.25);
+  CHECK(s.numel() == 1);
+  CHECK(s.item() == 3.25);
+  auto p = locus::ones<std::int32_t, locus::pinned>({2, 2});
+  p(0, 1) = 9;
+  CHECK(locus::to<locus::cpu>(p)(0, 1) == 9);
+}
+
+TEST_CASE("LOCUS_CHECK_BOUNDS: out-of-range element access throws index_error") {
+  auto t = locus::zeros<float, locus::cpu>({3, 4});
+  CHECK_NOTHROW((void)t(2, 3));
+  CHECK_THROWS_AS((void)t(3, 0), locus::index_error);
+  CHECK_THROWS_AS((void)t(0, -1), locus::index_error);
+  CHECK_THROWS_AS((void)t.view()(0, 4), locus::index_error);
+  try {
+    (void)t(1, 7);
+  } catch (const locus::index_error& e) {
+    CHECK(std::string(e.what()).find("[3, 4]") != std::string::npos);
+  }
+}
+
+TEST_CASE("span of a non-contiguous view throws; strides are reported") {
+  auto t = locus::arange<float, locus::cpu>(12);
+  locus::tensor_view<float, locus::cpu, 2> v(t.data_handle(), {3, 2}, {4, 2});
+  CHECK(v.stride(0) == 4);
+  CHECK(v(2, 1) == 10.0f);
+  CHECK_THROWS_AS((void)v.span(), locus::shape_error);
+  CHECK_THROWS_AS((void)v.reshape({6}), locus::shape_error);
+  CHECK_THROWS_AS((void)v.extent(2), locus::shape_error);
+}
+
+TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
+  // kat_vectors from Random123 (Salmon et al.): philox4x32_10.
+  auto a = locus::detail::philox4x32(0, 0, 0);
+  CHECK(a.v[0] == 0x6627e8d5u);
+  CHECK(a.v[1] == 0xe169c58du);
+  CHECK(a.v[2] == 0xbc57ac4cu);
+  CHECK(a.v[3] == 0x9b00dbd8u);
+  auto b = locus::detail::philox4x32(0xffffffffffffffffull, 0xffffffffffffffffull, 0xffffffffffffffffull);
+  CHECK(b.v[0] == 0x408f276du);
+  CHECK(b.v[1] == 0x41c83b0eu);
+  CHECK(b.v[2] == 0xa20bc7c6u);
+  CHECK(b.v[3] == 0x6d5451fdu);
+  auto c = locus::detail::philox4x32(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x0370734413198a2eull);
+  CHECK(c.v[0] == 0xd16cfe09u);
+  CHECK(c.v[1] == 0x94fdccebu);
+  CHECK(c.v[2] == 0x5001e420u);
+  CHECK(c.v[3] == 0x24126ea1u);
+}
