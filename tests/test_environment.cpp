@@ -16,7 +16,7 @@ struct env_var {
 };
 }  // namespace
 
-TEST_CASE("environment() reports CUDA, the driver (or why not) and the devices") {
+TEST_CASE("environment() reports CUDA the driver (or why not) and the devices") {
   const auto env = locus::environment();
   CHECK(env.cuda_compiled == (LOCUS_HAS_CUDA != 0));
   CHECK(env.device_count == static_cast<int>(env.devices.size()));

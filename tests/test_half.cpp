@@ -343,7 +343,7 @@ static_assert(static_cast<double>(locus::f16::from_bits(0x7bff)) == 65504.0);
 
 }  // namespace
 
-TEST_CASE("f16/bf16: layout, construction and explicit conversions" *
+TEST_CASE("f16/bf16: layout construction and explicit conversions" *
           doctest::test_suite("dtype")) {
   static_assert(sizeof(locus::f16) == 2 && sizeof(locus::bf16) == 2);
   static_assert(std::is_trivially_copyable_v<locus::f16>);
@@ -385,7 +385,7 @@ TEST_CASE("f16/bf16: every bit pattern widens exactly" * doctest::test_suite("dt
   check_widening_all_patterns<locus::bf16>();
 }
 
-TEST_CASE("f16/bf16: equality is numeric (NaN != NaN, +0 == -0)" *
+TEST_CASE("f16/bf16: equality is numeric (NaN != NaN +0 == -0)" *
           doctest::test_suite("dtype")) {
   const auto check_eq = [](auto tag, Format f) {
     using H = decltype(tag);
@@ -495,7 +495,7 @@ TEST_CASE("f16/bf16: NaN inputs give a quiet NaN with the same sign" *
   bad.check("NaN inputs");
 }
 
-TEST_CASE("f16/bf16: float rounding at every value, midpoint and neighbour" *
+TEST_CASE("f16/bf16: float rounding at every value midpoint and neighbour" *
           doctest::test_suite("dtype")) {
   for (Format f : {kF16, kBF16}) {
     Mismatches bad;
@@ -507,7 +507,7 @@ TEST_CASE("f16/bf16: float rounding at every value, midpoint and neighbour" *
   }
 }
 
-TEST_CASE("f16/bf16: double rounding at every value, midpoint and neighbour" *
+TEST_CASE("f16/bf16: double rounding at every value midpoint and neighbour" *
           doctest::test_suite("dtype")) {
   for (Format f : {kF16, kBF16}) {
     Mismatches bad;

@@ -7,7 +7,7 @@
 
 #include <locus/locus.hpp>
 
-TEST_CASE("size classes: 512-byte granules, then at most 25% rounding") {
+TEST_CASE("size classes: 512-byte granules then at most 25% rounding") {
   using locus::detail::size_class;
   CHECK(size_class(1) == 512);
   CHECK(size_class(512) == 512);
@@ -48,7 +48,7 @@ TEST_CASE("allocators are safe to use from several threads") {
   CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);
 }
 
-TEST_CASE("pinned falls back to pageable memory without a driver, and says so") {
+TEST_CASE("pinned falls back to pageable memory without a driver and says so") {
   auto p = locus::ones<float, locus::pinned>({16});
   const auto env = locus::environment();
   CHECK(locus::memory_stats<locus::pinned>().fallback == !env.pinned_page_locked);

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-TEST_CASE("element access, span and data on host tensors") {
+TEST_CASE("element access span and data on host tensors") {
   auto t = locus::arange<float, locus::cpu>(12);
   auto m = t.reshape({3, 4});
   CHECK(m(2, 3) == 11.0f);
@@ -37,7 +37,7 @@ TEST_CASE("LOCUS_CHECK_BOUNDS: out-of-range element access throws index_error") 
   }
 }
 
-TEST_CASE("span of a non-contiguous view throws; strides are reported") {
+TEST_CASE("span of a non-contiguous view throws - strides are reported") {
   auto t = locus::arange<float, locus::cpu>(12);
   locus::tensor_view<float, locus::cpu, 2> v(t.data_handle(), {3, 2}, {4, 2});
   CHECK(v.stride(0) == 4);
