@@ -14,3 +14,5 @@
 #include "tensor/tensor.hpp"
 #include "transfer/copy.hpp"
 #include "tensor/factories.hpp"
+#include "ops/math.hpp"
+#include "ops/expr.hpp"

@@ -28,6 +28,15 @@ template <class T, class D, std::size_t R>
 class tensor_view;
 
 namespace detail {
+/// Base of every lazy expression node (ops/expr.hpp).
+struct expression_tag {};
+template <class T, class D, std::size_t R, class E>
+void construct_from_expr(tensor<T, D, R>& t, const E& e);
+template <class T, class D, std::size_t R, class E>
+void assign_expr(tensor<T, D, R>& t, const E& e);
+template <class T, class D, std::size_t R, class E>
+void assign_expr(const tensor_view<T, D, R>& v, const E& e);
+
 template <class X>
 struct tensor_traits {
   static constexpr bool is_tensor = false;
@@ -187,6 +196,17 @@ class tensor_view {
 
   [[nodiscard]] tensor_view view() const noexcept { return *this; }
 
+  tensor_view(const tensor_view&) noexcept = default;
+  tensor_view& operator=(const tensor_view&) noexcept = default;
+  /// Evaluates an expression into the viewed elements (ops/expr.hpp); the expression
+  /// must broadcast to this view's shape.
+  template <class E>
+    requires std::is_base_of_v<detail::expression_tag, E>
+  const tensor_view& operator=(const E& e) const {
+    detail::assign_expr(*this, e);
+    return *this;
+  }
+
   /// A view of another rank over the same contiguous memory.
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& shape) const {
@@ -233,6 +253,19 @@ class tensor {
   explicit tensor(const extents<R>& shape) : shape_(shape) {
     const index_t n = detail::checked_numel(shape, sizeof(T));
     data_ = static_cast<T*>(detail::allocator_for<D>().allocate(static_cast<std::size_t>(n) * sizeof(T)));
+  }
+
+  /// Evaluates an expression (ops/expr.hpp) into a new tensor: one fused kernel.
+  template <class E>
+    requires std::is_base_of_v<detail::expression_tag, E>
+  tensor(const E& e) {
+    detail::construct_from_expr(*this, e);
+  }
+  template <class E>
+    requires std::is_base_of_v<detail::expression_tag, E>
+  tensor& operator=(const E& e) {
+    detail::assign_expr(*this, e);
+    return *this;
   }
 
   tensor(tensor&& other) noexcept
