@@ -65,3 +65,17 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
   CHECK(c.v[2] == 0x5001e420u);
   CHECK(c.v[3] == 0x24126ea1u);
 }
+
+#include "generic/expr_cases.hpp"
+
+TEST_CASE("cast f32 <-> bf16/f16 of a whole host tensor equals the scalar conversions") {
+  auto a = locus::randn<float, locus::cpu>({100003}, 5, 0.0, 1000.0);
+  locus::tensor<locus::bf16, locus::cpu, 1> b = locus::cast<locus::bf16>(a);
+  locus::tensor<locus::f16, locus::cpu, 1> h = locus::cast<locus::f16>(a);
+  for (locus::index_t i = 0; i < a.numel(); i += 7) {
+    CHECK(b(i).bits == locus::bf16(a(i)).bits);
+    CHECK(h(i).bits == locus::f16(a(i)).bits);
+  }
+  locus::tensor<float, locus::cpu, 1> back = locus::cast<float>(h);
+  for (locus::index_t i = 0; i < a.numel(); i += 7) CHECK(back(i) == static_cast<float>(h(i)));
+}

@@ -2,6 +2,7 @@
 // checks (the caching allocator's stream awareness, environment details).
 #define LOCUS_TEST_DEVICES locus::cuda
 #include "generic/tensor_cases.hpp"
+#include "generic/expr_cases.hpp"
 
 TEST_CASE("the environment names the device and pinned memory is page-locked") {
   const auto env = locus::environment();

@@ -1,0 +1,192 @@
+// CUDA copy microbenchmarks, 256 MiB each, timed with CUDA events on the current stream
+// (manual time: the GPU's time for the copy, not the host's):
+//   * device to device: locus::copy(cuda -> cuda) against raw cudaMemcpyAsync; the
+//     throughput counts bytes read + bytes written (the usual device-copy figure);
+//   * host to device from pinned memory: locus::copy(pinned -> cuda), which blocks,
+//     against raw cudaMemcpyAsync; the throughput counts the bytes transferred.
+// Without a usable CUDA device every case reports "no CUDA device" and is skipped.
+// Each locus path is checked once (the bytes arrive) before it is timed.
+#include <benchmark/benchmark.h>
+
+#include <locus/locus.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t bytes = std::size_t{256} << 20;  // 256 MiB
+constexpr locus::index_t n_idx = static_cast<locus::index_t>(bytes / sizeof(float));
+
+/// Times one copy on the current stream with a pair of events.
+class event_timer {
+ public:
+  event_timer() {
+    LOCUS_CUDA_CHECK(cudaEventCreate(&start_));
+    LOCUS_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~event_timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  event_timer(const event_timer&) = delete;
+  event_timer& operator=(const event_timer&) = delete;
+  void start() { LOCUS_CUDA_CHECK(cudaEventRecord(start_, locus::detail::current_stream())); }
+  /// Seconds since start().
+  double stop() {
+    LOCUS_CUDA_CHECK(cudaEventRecord(stop_, locus::detail::current_stream()));
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return static_cast<double>(ms) / 1e3;
+  }
+
+ private:
+  cudaEvent_t start_{}, stop_{};
+};
+
+bool need_device(benchmark::State& state) {
+  if (locus::cuda_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+/// Runs body(state) and turns a locus or CUDA error into a skipped case with its text.
+template <class F>
+void guarded(benchmark::State& state, F&& body) {
+  if (!need_device(state)) return;
+  try {
+    body(state);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+/// True when the first, a middle and the last 4 KiB of a and b (device memory) agree.
+bool spot_equal(const float* a_dev, const float* b_dev) {
+  constexpr std::size_t chunk = 1024;
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<float> ha(chunk), hb(chunk);
+  for (std::size_t off : {std::size_t{0}, n / 2, n - chunk}) {
+    LOCUS_CUDA_CHECK(cudaMemcpy(ha.data(), a_dev + off, chunk * sizeof(float), cudaMemcpyDeviceToHost));
+    LOCUS_CUDA_CHECK(cudaMemcpy(hb.data(), b_dev + off, chunk * sizeof(float), cudaMemcpyDeviceToHost));
+    if (std::memcmp(ha.data(), hb.data(), chunk * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// ---- device to device ----------------------------------------------------------------------
+
+void BM_cuda_d2d_locus_copy(benchmark::State& state) {
+  guarded(state, [](benchmark::State& st) {
+    auto src = locus::rand<float, locus::cuda>({n_idx}, /*seed=*/7);
+    auto dst = locus::empty<float, locus::cuda>({n_idx});
+    locus::copy(src, dst);
+    LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+    if (!spot_equal(src.data_handle(), dst.data_handle())) {
+      st.SkipWithError("locus::copy (cuda -> cuda) copied wrong bytes");
+      return;
+    }
+    event_timer t;
+    for (auto _ : st) {
+      t.start();
+      locus::copy(src, dst);
+      st.SetIterationTime(t.stop());
+    }
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * bytes);
+    st.SetLabel("bytes = read + written");
+  });
+}
+
+void BM_cuda_d2d_cudaMemcpyAsync(benchmark::State& state) {
+  guarded(state, [](benchmark::State& st) {
+    auto src = locus::rand<float, locus::cuda>({n_idx}, /*seed=*/7);
+    auto dst = locus::empty<float, locus::cuda>({n_idx});
+    const cudaStream_t s = locus::detail::current_stream();
+    event_timer t;
+    for (auto _ : st) {
+      t.start();
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_handle(), src.data_handle(), bytes,
+                                       cudaMemcpyDeviceToDevice, s));
+      st.SetIterationTime(t.stop());
+    }
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * bytes);
+    st.SetLabel("bytes = read + written");
+  });
+}
+
+// ---- host (pinned) to device ---------------------------------------------------------------
+
+locus::tensor<float, locus::pinned, 1> pinned_source() {
+  auto h = locus::rand<float, locus::cpu>({n_idx}, /*seed=*/11);
+  return locus::to<locus::pinned>(h);
+}
+
+void BM_cuda_h2d_pinned_locus_copy(benchmark::State& state) {
+  guarded(state, [](benchmark::State& st) {
+    auto src = pinned_source();
+    auto dst = locus::empty<float, locus::cuda>({n_idx});
+    locus::copy(src, dst);
+    std::vector<float> back(1024);
+    LOCUS_CUDA_CHECK(cudaMemcpy(back.data(), dst.data_handle() + n_idx / 2, 1024 * sizeof(float),
+                                cudaMemcpyDeviceToHost));
+    if (std::memcmp(back.data(), src.data() + n_idx / 2, 1024 * sizeof(float)) != 0) {
+      st.SkipWithError("locus::copy (pinned -> cuda) copied wrong bytes");
+      return;
+    }
+    event_timer t;
+    for (auto _ : st) {
+      t.start();
+      locus::copy(src, dst);  // blocking
+      st.SetIterationTime(t.stop());
+    }
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * bytes);
+    st.SetLabel(locus::memory_stats<locus::pinned>().fallback ? "pinned=fallback (pageable)"
+                                                              : "bytes = transferred");
+  });
+}
+
+void BM_cuda_h2d_pinned_cudaMemcpyAsync(benchmark::State& state) {
+  guarded(state, [](benchmark::State& st) {
+    auto src = pinned_source();
+    auto dst = locus::empty<float, locus::cuda>({n_idx});
+    const cudaStream_t s = locus::detail::current_stream();
+    event_timer t;
+    for (auto _ : st) {
+      t.start();
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_handle(), src.data(), bytes,
+                                       cudaMemcpyHostToDevice, s));
+      st.SetIterationTime(t.stop());
+    }
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * bytes);
+    st.SetLabel("bytes = transferred");
+  });
+}
+
+}  // namespace
+
+BENCHMARK(BM_cuda_d2d_locus_copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_d2d_cudaMemcpyAsync)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_h2d_pinned_locus_copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_h2d_pinned_cudaMemcpyAsync)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("copy_bytes", std::to_string(bytes));
+  if (locus::cuda_available()) {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
+      benchmark::AddCustomContext("cuda_device", std::string(p.name) + " (sm_" +
+                                                     std::to_string(p.major) + std::to_string(p.minor) + ")");
+  } else {
+    benchmark::AddCustomContext("cuda_device", "none: " + locus::environment().cuda_status);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
