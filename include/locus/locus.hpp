@@ -16,3 +16,6 @@
 #include "tensor/factories.hpp"
 #include "ops/math.hpp"
 #include "ops/expr.hpp"
+#include "ops/reduce.hpp"
+#include "ops/softmax.hpp"
+#include "ops/matmul.hpp"

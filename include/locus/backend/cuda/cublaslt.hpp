@@ -1,0 +1,285 @@
+// GEMMs on `cuda` through cuBLASLt: f32, f64, f16 and bf16 inputs, f32 accumulation
+// for the 32- and 16-bit types (f64 for f64), fused bias / ReLU / GELU (tanh) epilogues,
+// strided batches. These are host API calls: this header compiles in files g++ or
+// clang++ compile; only locus's own epilogue fallback kernel needs nvcc.
+//
+// Row-major tensors meet column-major cuBLASLt by the transpose identity: the
+// row-major m x n product C = A B is, read column-major, the n x m matrix
+// C^T = B^T A^T, so B is passed as cuBLASLt's first operand and A as its second, with
+// no data movement. In that swapped view the output has n rows, so the bias vector
+// (one value per output row of D, broadcast along its columns) is one value per output
+// column of C, which is what a linear layer's bias is.
+//
+// Per device: one cached handle (created on first use under a lock, never destroyed:
+// tensors with static storage may call in during exit), a cache of the algorithm the
+// heuristic picked for each problem, and a workspace taken from the caching allocator
+// on the current stream for each call.
+#pragma once
+
+#include "../../core/config.hpp"
+
+#if !LOCUS_HAS_CUDA
+#error "locus: backend/cuda/cublaslt.hpp needs a build with CUDA (LOCUS_ENABLE_CUDA=1)"
+#endif
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../memory/allocator.hpp"
+#include "../blas.hpp"
+#include "runtime.hpp"
+
+/// Checks a cuBLAS / cuBLASLt call; throws locus::cuda_error with the call, file, line,
+/// status code and cuBLAS's own text.
+#define LOCUS_CUBLAS_CHECK(call)                                                        \
+  do {                                                                                  \
+    const cublasStatus_t locus_cublas_check_status_ = (call);                           \
+    if (locus_cublas_check_status_ != CUBLAS_STATUS_SUCCESS)                            \
+      throw ::locus::cuda_error(#call, __FILE__, __LINE__,                              \
+                                static_cast<int>(locus_cublas_check_status_),           \
+                                ::cublasLtGetStatusString(locus_cublas_check_status_)); \
+  } while (false)
+
+namespace locus::detail {
+
+template <class T>
+constexpr cudaDataType_t cublaslt_type() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return CUDA_R_32F;
+  else if constexpr (std::is_same_v<U, double>) return CUDA_R_64F;
+  else if constexpr (std::is_same_v<U, f16>) return CUDA_R_16F;
+  else if constexpr (std::is_same_v<U, bf16>) return CUDA_R_16BF;
+  else {
+    static_assert(always_false<T>, "locus: cuBLASLt GEMMs take f32, f64, f16 or bf16");
+    return CUDA_R_32F;
+  }
+}
+
+/// What cuBLASLt keeps per device.
+struct cublaslt_device_state {
+  cublasLtHandle_t handle = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+inline cublaslt_device_state& cublaslt_state(int device) {
+  static std::mutex mutex;
+  static auto* states = new std::vector<cublaslt_device_state>();
+  std::lock_guard lock(mutex);
+  if (device < 0) device = 0;
+  if (states->size() <= static_cast<std::size_t>(device)) states->resize(device + 1);
+  cublaslt_device_state& s = (*states)[device];
+  if (!s.handle) {
+    int major = 0;
+    LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    // NVIDIA's guidance: 32 MiB of workspace lets Hopper and later pick their best
+    // kernels; 4 MiB is enough before that.
+    s.workspace_bytes = major >= 9 ? (std::size_t{32} << 20) : (std::size_t{4} << 20);
+    LOCUS_CUBLAS_CHECK(cublasLtCreate(&s.handle));
+  }
+  return s;
+}
+
+/// The cuBLASLt handle of the current device.
+inline cublasLtHandle_t cublaslt_handle() { return cublaslt_state(current_device()).handle; }
+
+/// Largest power of two (at most 256) that divides the address: cuBLASLt's heuristic
+/// assumes 256-byte alignment unless told otherwise, and views may start anywhere.
+inline std::uint32_t pointer_alignment(const void* p) noexcept {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
+// RAII owners of the cuBLASLt descriptors (destruction errors are ignored).
+struct lt_layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  lt_layout(cudaDataType_t type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld,
+            int batch, std::int64_t batch_stride) {
+    LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, type, rows, cols, ld));
+    if (batch > 1) {
+      LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                          &batch, sizeof batch));
+      LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride));
+    }
+  }
+  lt_layout(const lt_layout&) = delete;
+  lt_layout& operator=(const lt_layout&) = delete;
+  ~lt_layout() {
+    if (h) (void)cublasLtMatrixLayoutDestroy(h);
+  }
+};
+
+struct lt_matmul_desc {
+  cublasLtMatmulDesc_t h = nullptr;
+  lt_matmul_desc(cublasComputeType_t compute, cudaDataType_t scale) {
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&h, compute, scale));
+  }
+  lt_matmul_desc(const lt_matmul_desc&) = delete;
+  lt_matmul_desc& operator=(const lt_matmul_desc&) = delete;
+  ~lt_matmul_desc() {
+    if (h) (void)cublasLtMatmulDescDestroy(h);
+  }
+  template <class V>
+  void set(cublasLtMatmulDescAttributes_t attr, const V& v) {
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h, attr, &v, sizeof v));
+  }
+};
+
+struct lt_preference {
+  cublasLtMatmulPreference_t h = nullptr;
+  lt_preference() { LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h)); }
+  lt_preference(const lt_preference&) = delete;
+  lt_preference& operator=(const lt_preference&) = delete;
+  ~lt_preference() {
+    if (h) (void)cublasLtMatmulPreferenceDestroy(h);
+  }
+  template <class V>
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const V& v) {
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, attr, &v, sizeof v));
+  }
+};
+
+/// A workspace from the caching allocator, returned when the call has been enqueued
+/// (the allocator only hands it to later work on the same stream). Without memory to
+/// spare it is empty and cuBLASLt picks an algorithm that needs none.
+struct lt_workspace {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  explicit lt_workspace(std::size_t want) {
+    try {
+      p = allocator_for<cuda>().allocate(want);
+      bytes = want;
+    } catch (const out_of_memory&) {
+      p = nullptr;
+      bytes = 0;
+    }
+  }
+  lt_workspace(const lt_workspace&) = delete;
+  lt_workspace& operator=(const lt_workspace&) = delete;
+  ~lt_workspace() {
+    if (p) allocator_for<cuda>().deallocate(p);
+  }
+};
+
+/// One batched row-major GEMM D[b] = epilogue(A[b] B[b]) as locus describes it; the
+/// operands' layouts come from blas_layout_of (see blas.hpp).
+struct cublaslt_gemm_args {
+  cudaDataType_t ab_type;  // A and B share a dtype
+  cudaDataType_t d_type;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  index_t batch, m, n, k;
+  const void* a;
+  blas_layout la;
+  index_t a_bs;
+  const void* b;
+  blas_layout lb;
+  index_t b_bs;
+  void* d;
+  index_t ldd, d_bs;  // unit column stride
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // n values of dtype d_type, unit stride
+};
+
+/// Heuristic results, per device and problem.
+inline std::map<std::array<std::int64_t, 23>, cublasLtMatmulAlgo_t>& cublaslt_algo_cache(
+    std::mutex*& mutex) {
+  static std::mutex m;
+  static auto* cache = new std::map<std::array<std::int64_t, 23>, cublasLtMatmulAlgo_t>();
+  mutex = &m;
+  return *cache;
+}
+
+/// Runs the GEMM on the current device and stream. Returns false, having run nothing,
+/// when cuBLASLt has no algorithm for this problem (for example an epilogue it does not
+/// offer for these dtypes); every other failure throws cuda_error.
+inline bool cublaslt_gemm(const cublaslt_gemm_args& g) {
+  if (g.batch > INT32_MAX)
+    throw shape_error("locus: matmul batch of " + std::to_string(g.batch) +
+                      " exceeds what cuBLASLt takes (2^31 - 1)");
+  const int device = current_device();
+  const cublaslt_device_state& st = cublaslt_state(device);
+  const int batch = static_cast<int>(g.batch);
+
+  // Swapped operands: cuBLASLt's A is our B, its B is our A; D is n x m column-major.
+  // A row-major k x n matrix with ld is a column-major n x k one (op N); a transposed
+  // one (stored n x k row-major) is a column-major k x n one (op T).
+  const auto n64 = static_cast<std::uint64_t>(g.n), m64 = static_cast<std::uint64_t>(g.m),
+             k64 = static_cast<std::uint64_t>(g.k);
+  const cublasOperation_t op_first = g.lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt_layout first(g.ab_type, g.lb.trans ? k64 : n64, g.lb.trans ? n64 : k64, g.lb.ld, batch, g.b_bs);
+  lt_layout second(g.ab_type, g.la.trans ? m64 : k64, g.la.trans ? k64 : m64, g.la.ld, batch, g.a_bs);
+  lt_layout out(g.d_type, n64, m64, g.ldd, batch, g.d_bs);
+
+  lt_matmul_desc desc(g.compute, g.scale);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(op_first));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(op_second));
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(g.epilogue));
+  if (g.bias) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+
+  lt_workspace ws(st.workspace_bytes);
+  const std::uint32_t al_first = pointer_alignment(g.b), al_second = pointer_alignment(g.a),
+                      al_d = pointer_alignment(g.d);
+  const std::int64_t al_bias = g.bias ? pointer_alignment(g.bias) : 0;
+
+  const std::array<std::int64_t, 23> key{
+      device, g.ab_type, g.d_type, g.compute, g.scale, g.batch, g.m, g.n, g.k,
+      g.la.trans, g.la.ld, g.a_bs, g.lb.trans, g.lb.ld, g.b_bs, g.ldd, g.d_bs,
+      static_cast<std::int64_t>(g.epilogue), al_first, al_second, al_d, al_bias,
+      static_cast<std::int64_t>(ws.bytes)};
+  std::mutex* cache_mutex = nullptr;
+  auto& cache = cublaslt_algo_cache(cache_mutex);
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  {
+    std::lock_guard lock(*cache_mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      algo = it->second;
+      found = true;
+    }
+  }
+  if (!found) {
+    lt_preference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws.bytes));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_first);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_second);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
+        st.handle, desc.h, first.h, second.h, out.h, out.h, pref.h, 1, &result, &count);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0)) return false;
+    LOCUS_CUBLAS_CHECK(s);
+    algo = result.algo;
+    std::lock_guard lock(*cache_mutex);
+    cache.emplace(key, algo);
+  }
+
+  const float alpha32 = 1.0f, beta32 = 0.0f;
+  const double alpha64 = 1.0, beta64 = 0.0;
+  const bool f64 = g.scale == CUDA_R_64F;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
+  const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
+  LOCUS_CUBLAS_CHECK(cublasLtMatmul(st.handle, desc.h, alpha, g.b, first.h, g.a, second.h, beta,
+                                    g.d, out.h, g.d, out.h, &algo, ws.p, ws.bytes,
+                                    current_stream()));
+  return true;
+}
+
+}  // namespace locus::detail

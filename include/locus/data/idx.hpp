@@ -1,0 +1,380 @@
+// IDX files (the format of MNIST and Fashion-MNIST), plain or gzip-compressed, into
+// cpu tensors; and idx_dataset, an images file paired with a labels file.
+//
+//   auto images = locus::data::read_idx<locus::u8, 3>("train-images-idx3-ubyte.gz");
+//   locus::data::idx_dataset train("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
+//   auto x = train.images_normalized();   // float [N, rows, cols], x / 255
+//   auto y = train.labels();              // i64 [N]
+//
+// An IDX file is a 4-byte magic number (two zero bytes, the element type code, the
+// rank), one big-endian u32 extent per axis, then the elements, big-endian, row-major.
+// locus reads element types u8 (0x08), i32 (0x0C), f32 (0x0D) and f64 (0x0E); the
+// dtype and rank asked for must be the file's (compile-time T and R, run-time check).
+//
+// zlib reads both plain and gzip files (gzopen/gzread), so link with zlib
+// (find_package(ZLIB), ZLIB::ZLIB). Every failure is a locus::io_error that names the
+// file and what was expected: a missing file, a wrong magic number, another element
+// type or rank, a truncated file, a corrupt gzip stream, bytes after the data. The
+// parser never reads past the end of its input, and it refuses a header announcing
+// more data than the input can hold before allocating anything.
+//
+// read_idx_from_memory parses a buffer with the same code (the fuzz target
+// tests/fuzz/fuzz_idx.cpp drives it).
+#pragma once
+
+#include <zlib.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include "../core/config.hpp"
+#include "../core/device.hpp"
+#include "../core/dtype.hpp"
+#include "../core/error.hpp"
+#include "../core/shape.hpp"
+#include "../tensor/tensor.hpp"
+
+namespace locus::data {
+
+namespace detail {
+
+using locus::detail::always_false;
+
+/// IDX element type codes.
+template <class T>
+inline constexpr unsigned idx_code = 0;
+template <>
+inline constexpr unsigned idx_code<std::uint8_t> = 0x08;
+template <>
+inline constexpr unsigned idx_code<std::int32_t> = 0x0C;
+template <>
+inline constexpr unsigned idx_code<float> = 0x0D;
+template <>
+inline constexpr unsigned idx_code<double> = 0x0E;
+
+inline const char* idx_type_name(unsigned code) noexcept {
+  switch (code) {
+    case 0x08: return "u8";
+    case 0x09: return "i8";
+    case 0x0B: return "i16";
+    case 0x0C: return "i32";
+    case 0x0D: return "f32";
+    case 0x0E: return "f64";
+    default: return nullptr;
+  }
+}
+
+inline std::string hex(unsigned v, int digits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%0*X", digits, v);
+  return buf;
+}
+
+template <class T>
+constexpr bool require_idx_dtype() {
+  static_assert(idx_code<T> != 0 || always_false<T>,
+                "locus: IDX files hold u8, i8, i16, i32, f32 or f64 elements, and locus reads "
+                "u8, i32, f32 and f64; read the file as one of those (e.g. read_idx<locus::u8, R>) "
+                "and convert with locus::cast<T>");
+  return idx_code<T> != 0;
+}
+
+/// Bytes from a buffer. remaining() is exact.
+class memory_reader {
+ public:
+  explicit memory_reader(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
+  std::size_t read(void* dst, std::size_t n) {
+    const std::size_t k = n < bytes_.size() - pos_ ? n : bytes_.size() - pos_;
+    if (k) std::memcpy(dst, bytes_.data() + pos_, k);
+    pos_ += k;
+    return k;
+  }
+  /// At most this many bytes can still be read.
+  [[nodiscard]] std::uint64_t max_remaining() const noexcept { return bytes_.size() - pos_; }
+  /// Says how max_remaining() was obtained, for messages.
+  [[nodiscard]] std::string remaining_note() const {
+    return "only " + std::to_string(max_remaining()) + " bytes follow";
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t pos_ = 0;
+};
+
+/// Bytes from a file through zlib: gzip-compressed or plain (zlib reads plain files
+/// transparently). Owns the gzFile.
+class gz_reader {
+ public:
+  explicit gz_reader(const std::filesystem::path& path) : name_(path.string()) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    errno = 0;
+    file_ = gzopen(name_.c_str(), "rb");
+    if (!file_) {
+      const int e = errno;
+      throw io_error("locus: cannot open IDX file '" + name_ + "': " +
+                     (e ? std::string(std::strerror(e)) : std::string("zlib could not open it")) +
+                     "; expected a readable IDX file, plain or gzip-compressed");
+    }
+    file_size_ = ec ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(size);
+    (void)gzbuffer(file_, 1u << 17);
+  }
+  gz_reader(const gz_reader&) = delete;
+  gz_reader& operator=(const gz_reader&) = delete;
+  ~gz_reader() {
+    if (file_) (void)gzclose_r(file_);
+  }
+
+  std::size_t read(void* dst, std::size_t n) {
+    auto* out = static_cast<unsigned char*>(dst);
+    std::size_t done = 0;
+    while (done < n) {
+      const std::size_t want = n - done < (1u << 30) ? n - done : (1u << 30);
+      const int got = gzread(file_, out + done, static_cast<unsigned>(want));
+      if (got < 0) fail();
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    if (done < n) {
+      // A short read is the end of the data, unless zlib says the stream broke off.
+      int code = Z_OK;
+      (void)gzerror(file_, &code);
+      if (code != Z_OK && code != Z_STREAM_END) fail();
+    }
+    consumed_ += done;
+    return done;
+  }
+
+  /// An upper bound on what can still be read: the file's size for a plain file,
+  /// 1032 times it for a gzip file (deflate's largest expansion).
+  [[nodiscard]] std::uint64_t max_remaining() {
+    if (file_size_ == std::numeric_limits<std::uint64_t>::max()) return file_size_;
+    if (gzdirect(file_)) return file_size_ > consumed_ ? file_size_ - consumed_ : 0;
+    const std::uint64_t cap = std::numeric_limits<std::uint64_t>::max() / 1032;
+    return file_size_ > cap ? std::numeric_limits<std::uint64_t>::max() : file_size_ * 1032;
+  }
+  [[nodiscard]] std::string remaining_note() {
+    if (gzdirect(file_)) return "only " + std::to_string(max_remaining()) + " bytes follow";
+    return "the " + std::to_string(file_size_) + "-byte gzip file cannot hold that many";
+  }
+
+ private:
+  [[noreturn]] void fail() {
+    int code = Z_OK;
+    const char* msg = gzerror(file_, &code);
+    std::string text = msg ? msg : "unknown zlib error";
+    if (code == Z_ERRNO) text = std::strerror(errno);
+    if (code == Z_BUF_ERROR)
+      throw io_error("locus: '" + name_ + "' is truncated: the gzip stream ends early (zlib: " +
+                     text + "); expected a complete gzip-compressed IDX file");
+    throw io_error("locus: '" + name_ + "': " +
+                   (code == Z_ERRNO ? std::string("read error (") : std::string("corrupt gzip stream (zlib: ")) +
+                   text + "); expected a valid gzip-compressed or plain IDX file");
+  }
+
+  std::string name_;
+  gzFile file_ = nullptr;
+  std::uint64_t file_size_ = 0;
+  std::uint64_t consumed_ = 0;
+};
+
+/// The IDX parser, over any reader (memory_reader, gz_reader).
+template <class T, std::size_t R, class Reader>
+tensor<T, cpu, R> parse_idx(Reader& in, const std::string& name) {
+  unsigned char magic[4] = {0, 0, 0, 0};
+  const std::size_t got_magic = in.read(magic, 4);
+  if (got_magic < 4)
+    throw io_error("locus: '" + name + "' is truncated: expected a 4-byte IDX magic number, found " +
+                   std::to_string(got_magic) + " bytes");
+  const unsigned code = magic[2], rank = magic[3];
+  const unsigned value = (unsigned{magic[0]} << 24) | (unsigned{magic[1]} << 16) | (code << 8) | rank;
+  const char* type_name = idx_type_name(code);
+  if (magic[0] != 0 || magic[1] != 0 || !type_name)
+    throw io_error("locus: '" + name + "' is not an IDX file: its magic number is " + hex(value, 8) +
+                   "; expected " + hex((idx_code<T> << 8) | static_cast<unsigned>(R), 8) +
+                   " (two zero bytes, the element type code, the rank)");
+  if (code != idx_code<T>)
+    throw io_error("locus: '" + name + "' holds " + type_name + " elements (IDX type " + hex(code, 2) +
+                   "), expected " + std::string(dtype_name<T>) + " (" + hex(idx_code<T>, 2) +
+                   "); read it with the element type it holds");
+  if (rank != R)
+    throw io_error("locus: '" + name + "' holds a rank-" + std::to_string(rank) +
+                   " array, expected rank " + std::to_string(R) + "; read it with read_idx<T, " +
+                   std::to_string(rank) + ">");
+
+  extents<R> shape{};
+  unsigned char dims[4 * (R == 0 ? 1 : R)] = {};
+  const std::size_t got_dims = in.read(dims, 4 * R);
+  if (got_dims < 4 * R)
+    throw io_error("locus: '" + name + "' is truncated: expected " + std::to_string(4 * R) +
+                   " bytes of extents (rank " + std::to_string(R) + "), found " +
+                   std::to_string(got_dims));
+  for (std::size_t a = 0; a < R; ++a)
+    shape[a] = static_cast<index_t>((std::uint32_t{dims[4 * a]} << 24) | (std::uint32_t{dims[4 * a + 1]} << 16) |
+                                    (std::uint32_t{dims[4 * a + 2]} << 8) | std::uint32_t{dims[4 * a + 3]});
+
+  // Element count and byte size, refused before allocating when they cannot fit or
+  // cannot be in the input.
+  constexpr std::uint64_t max_numel = (std::uint64_t{1} << 62) / sizeof(T);
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (std::size_t a = 0; a < R; ++a) {
+    const auto e = static_cast<std::uint64_t>(shape[a]);
+    if (e != 0 && numel > max_numel / e) overflow = true;
+    else numel *= e;
+  }
+  for (std::size_t a = 0; a < R; ++a)
+    if (shape[a] == 0) numel = 0, overflow = false;
+  const std::uint64_t bytes = numel * sizeof(T);
+  if (overflow || bytes > in.max_remaining())
+    throw io_error("locus: '" + name + "' is truncated: its header announces shape " +
+                   locus::detail::shape_string(shape) + " of " + std::string(dtype_name<T>) + " (" +
+                   (overflow ? std::string("more than 2^62") : std::to_string(bytes)) +
+                   " bytes of data), but " + in.remaining_note());
+
+  tensor<T, cpu, R> out(shape);
+  const std::size_t got = bytes ? in.read(out.data_handle(), static_cast<std::size_t>(bytes)) : 0;
+  if (got < bytes)
+    throw io_error("locus: '" + name + "' is truncated: expected " + std::to_string(bytes) +
+                   " bytes of data for shape " + locus::detail::shape_string(shape) + ", found only " +
+                   std::to_string(got));
+  unsigned char extra = 0;
+  if (in.read(&extra, 1) != 0)
+    throw io_error("locus: '" + name + "' has bytes after the " + std::to_string(bytes) +
+                   " bytes of data its header announces (shape " + locus::detail::shape_string(shape) +
+                   "); expected the file to end there");
+
+  if constexpr (sizeof(T) > 1 && std::endian::native == std::endian::little) {
+    auto* p = reinterpret_cast<unsigned char*>(out.data_handle());
+    for (std::uint64_t i = 0; i < numel; ++i, p += sizeof(T))
+      for (std::size_t k = 0; k < sizeof(T) / 2; ++k) std::swap(p[k], p[sizeof(T) - 1 - k]);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Reads one IDX file (plain or gzip-compressed) into a cpu tensor of rank R. A file
+/// of another element type or rank, or a broken one, is io_error naming the file.
+template <Dtype T, std::size_t R>
+tensor<T, cpu, R> read_idx(const std::filesystem::path& path) {
+  if constexpr (detail::require_idx_dtype<T>()) {
+    detail::gz_reader in(path);
+    return detail::parse_idx<T, R>(in, path.string());
+  } else {
+    return {};
+  }
+}
+
+/// Parses an IDX image held in memory (not compressed). `name` appears in messages.
+template <Dtype T, std::size_t R>
+tensor<T, cpu, R> read_idx_from_memory(std::span<const std::byte> bytes,
+                                       std::string_view name = "<memory>") {
+  if constexpr (detail::require_idx_dtype<T>()) {
+    detail::memory_reader in(bytes);
+    return detail::parse_idx<T, R>(in, std::string(name));
+  } else {
+    return {};
+  }
+}
+
+/// An images file ([N, rows, cols] u8) paired with a labels file ([N] u8), as in
+/// MNIST and Fashion-MNIST. Images come out as u8 or normalised float (x / 255),
+/// labels as i64. Move-only (it owns the tensors).
+class idx_dataset {
+ public:
+  /// Reads both files; their counts must match (io_error naming both otherwise).
+  idx_dataset(const std::filesystem::path& images, const std::filesystem::path& labels)
+      : images_(read_idx<std::uint8_t, 3>(images)) {
+    auto raw = read_idx<std::uint8_t, 1>(labels);
+    if (raw.extent(0) != images_.extent(0))
+      throw io_error("locus: '" + images.string() + "' holds " + std::to_string(images_.extent(0)) +
+                     " images but '" + labels.string() + "' holds " + std::to_string(raw.extent(0)) +
+                     " labels; expected one label per image (a mismatched pair of files?)");
+    labels_ = tensor<std::int64_t, cpu, 1>(raw.shape());
+    const std::uint8_t* s = raw.data_handle();
+    std::int64_t* d = labels_.data_handle();
+    for (index_t i = 0; i < raw.numel(); ++i) d[i] = s[i];
+  }
+
+  /// From tensors already in memory (a test, a generated dataset); counts must match
+  /// (shape_error otherwise).
+  idx_dataset(tensor<std::uint8_t, cpu, 3> images, tensor<std::int64_t, cpu, 1> labels)
+      : images_(std::move(images)), labels_(std::move(labels)) {
+    if (images_.extent(0) != labels_.extent(0))
+      throw shape_error("locus: idx_dataset of " + std::to_string(images_.extent(0)) +
+                        " images and " + std::to_string(labels_.extent(0)) +
+                        " labels; expected one label per image");
+  }
+
+  /// `{dir}/{prefix}-images-idx3-ubyte[.gz]` and `{dir}/{prefix}-labels-idx1-ubyte[.gz]`,
+  /// the MNIST file names (prefix "train" or "t10k"); the .gz file when both exist.
+  static idx_dataset from_directory(const std::filesystem::path& dir, std::string_view prefix) {
+    auto pick = [&](const std::string& stem) {
+      auto gz = dir / (stem + ".gz");
+      return std::filesystem::exists(gz) ? gz : dir / stem;
+    };
+    const std::string p(prefix);
+    return idx_dataset(pick(p + "-images-idx3-ubyte"), pick(p + "-labels-idx1-ubyte"));
+  }
+
+  [[nodiscard]] index_t size() const noexcept { return images_.shape()[0]; }
+  [[nodiscard]] index_t rows() const noexcept { return images_.shape()[1]; }
+  [[nodiscard]] index_t cols() const noexcept { return images_.shape()[2]; }
+  /// rows * cols: the length of one flattened image.
+  [[nodiscard]] index_t features() const noexcept { return rows() * cols(); }
+
+  /// The images as stored, u8 [N, rows, cols].
+  [[nodiscard]] tensor_view<const std::uint8_t, cpu, 3> images() const noexcept { return images_.view(); }
+  /// The images as float in [0, 1] (x / 255), a new tensor [N, rows, cols].
+  [[nodiscard]] tensor<float, cpu, 3> images_normalized() const {
+    tensor<float, cpu, 3> out(images_.shape());
+    normalize(images_.data_handle(), out.data_handle(), images_.numel());
+    return out;
+  }
+  /// The labels, i64 [N].
+  [[nodiscard]] tensor_view<const std::int64_t, cpu, 1> labels() const noexcept { return labels_.view(); }
+
+  /// Sample i for data::loader: writes its features() normalised pixels to x and
+  /// returns its label.
+  std::int64_t load(index_t i, std::span<float> x) const {
+    if (i < 0 || i >= size() || static_cast<index_t>(x.size()) != features())
+      throw index_error("locus: idx_dataset::load(" + std::to_string(i) + ") of " +
+                        std::to_string(size()) + " samples into " + std::to_string(x.size()) +
+                        " floats; expected an index in range and " + std::to_string(features()) +
+                        " floats");
+    normalize(images_.data_handle() + i * features(), x.data(), features());
+    return labels_.data_handle()[i];
+  }
+
+ private:
+  // x / 255 exactly (a division, not a multiplication by 1/255, which differs in the
+  // last bit for some x), through a table.
+  static void normalize(const std::uint8_t* s, float* d, index_t n) noexcept {
+    static const auto table = [] {
+      std::array<float, 256> t{};
+      for (int v = 0; v < 256; ++v) t[static_cast<std::size_t>(v)] = static_cast<float>(v) / 255.0f;
+      return t;
+    }();
+    for (index_t k = 0; k < n; ++k) d[k] = table[s[k]];
+  }
+
+  tensor<std::uint8_t, cpu, 3> images_;
+  tensor<std::int64_t, cpu, 1> labels_;
+};
+
+}  // namespace locus::data

@@ -1,0 +1,407 @@
+// data::loader<D>: batches of a dataset on device D, shuffled with a seed, sharded
+// across ranks, prepared ahead on a background thread.
+//
+//   locus::data::idx_dataset train = locus::data::idx_dataset::from_directory(dir, "train");
+//   locus::data::loader<locus::cuda> batches(train, {.batch_size = 128, .shuffle = true,
+//                                                    .seed = 42, .rank = r, .world_size = n});
+//   for (int e = 0; e < epochs; ++e) {
+//     batches.set_epoch(e);                 // a new, reproducible order per epoch
+//     for (auto& [x, y] : batches) { ... }  // x: f32 [B, features], y: i64 [B], on cuda
+//   }
+//
+// Batches. x is float [B, features] (for Fashion-MNIST [B, 784]: an image is a row,
+// which is what a linear layer takes; x.reshape({B, 28, 28}) is a free view), y is
+// i64 [B]. The last batch of an epoch is smaller unless drop_last.
+//
+// Order. The sample order of an epoch depends only on (seed, epoch, dataset size):
+// Fisher-Yates from the last position down, where position i swaps with
+// (philox4x32-10(key = seed, counter = i, stream = epoch) words 0 and 1 as a 64-bit
+// number) mod (i + 1). No std::shuffle (its algorithm is unspecified), no
+// global state: every machine, compiler and run gives the same order. set_epoch(e)
+// selects the epoch; without it every pass repeats the same order.
+//
+// Shards. The epoch's order (the same on every rank) is cut into world_size
+// contiguous blocks; rank r reads block r. Block sizes differ by at most one: with
+// N = q * world_size + m, ranks 0 .. m-1 read q + 1 samples and the others q. The
+// shards partition the dataset exactly (no sample dropped or repeated); so ranks may
+// see different batch counts (compare size() across ranks, or use drop_last with a
+// batch size that divides q).
+//
+// Prefetch. A background thread prepares up to `prefetch` batches ahead and blocks
+// when that many are waiting, so the loader holds at most `prefetch` batches plus
+// the one handed out (the previous one is freed before the next is taken). For
+// D = cuda it fills a pinned staging batch, then copies it with copy_async on its
+// own side stream, which overlaps kernels on the consumer's stream; the consumer
+// waits on the copy's events before a batch is handed out, so a batch is always
+// complete. Device memory for a batch is allocated on the consumer's current stream
+// (captured by begin()) and the side stream first waits for the work already
+// enqueued there, so a block recycled from an earlier batch is never overwritten
+// while kernels still read it.
+//
+// Errors. An exception thrown on the background thread (by the dataset, an
+// allocation, a CUDA call) ends the epoch and is rethrown, as the same object with
+// its message, by the consumer's call that would have received that batch (the
+// batches before it are delivered first).
+//
+// The dataset must outlive the loader (it is held by reference). Any type with
+// size(), features() and load(i, span<float>) -> label works (SampleSource); that is
+// also the test seam.
+#pragma once
+
+#include <condition_variable>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <iterator>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../core/config.hpp"
+#include "../core/device.hpp"
+#include "../core/error.hpp"
+#include "../ops/random.hpp"
+#include "../tensor/tensor.hpp"
+#include "idx.hpp"
+
+#if LOCUS_HAS_CUDA
+#include "../backend/cuda/runtime.hpp"
+#include "../transfer/async.hpp"
+#include "../transfer/stream.hpp"
+#endif
+
+namespace locus::data {
+
+/// What a loader reads: a number of samples, each `features()` floats and an i64
+/// label. load(i, x) writes sample i into x (exactly features() floats) and returns
+/// its label; it is called from the loader's background thread (one at a time).
+template <class S>
+concept SampleSource = requires(const S& s, index_t i, std::span<float> x) {
+  { s.size() } -> std::convertible_to<index_t>;
+  { s.features() } -> std::convertible_to<index_t>;
+  { s.load(i, x) } -> std::convertible_to<std::int64_t>;
+};
+
+struct loader_options {
+  index_t batch_size = 64;
+  bool shuffle = false;      ///< false: dataset order (still sharded)
+  std::uint64_t seed = 0;    ///< with shuffle: the order is a function of (seed, epoch)
+  bool drop_last = false;    ///< drop this rank's last, smaller batch
+  int rank = 0;              ///< this process's shard, in [0, world_size)
+  int world_size = 1;        ///< number of shards
+  int prefetch = 2;          ///< batches prepared ahead by the background thread (>= 1)
+};
+
+/// One batch: x float [B, features], y i64 [B], both on D.
+template <Device D>
+struct batch {
+  tensor<float, D, 2> x;
+  tensor<std::int64_t, D, 1> y;
+};
+
+namespace detail {
+
+/// The sample order of one epoch over n samples (see the header comment).
+inline std::vector<index_t> epoch_order(index_t n, bool shuffle, std::uint64_t seed,
+                                        std::uint64_t epoch) {
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), index_t{0});
+  if (shuffle) {
+    for (index_t i = n - 1; i > 0; --i) {
+      const auto r = locus::detail::philox4x32(seed, static_cast<std::uint64_t>(i), epoch);
+      const std::uint64_t u = (static_cast<std::uint64_t>(r.v[0]) << 32) | r.v[1];
+      const auto j = static_cast<index_t>(u % static_cast<std::uint64_t>(i + 1));
+      std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
+    }
+  }
+  return order;
+}
+
+/// Positions [begin, end) of rank's contiguous block of n samples over world ranks:
+/// the first n % world ranks get one more.
+inline std::pair<index_t, index_t> shard_range(index_t n, int rank, int world) {
+  const index_t q = n / world, m = n % world, r = rank;
+  const index_t begin = r * q + (r < m ? r : m);
+  return {begin, begin + q + (r < m ? 1 : 0)};
+}
+
+}  // namespace detail
+
+template <Device D, SampleSource Source = idx_dataset>
+class loader {
+  static constexpr bool is_cuda = std::is_same_v<D, cuda>;
+
+ public:
+  using batch_type = batch<D>;
+  struct sentinel {};
+
+  /// A single-pass iterator over the current epoch's batches.
+  class iterator {
+   public:
+    using value_type = batch<D>;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+    batch<D>& operator*() const { return *owner_->current_; }
+    batch<D>* operator->() const { return &*owner_->current_; }
+    /// Frees the batch handed out, then waits for the next (rethrowing an error
+    /// from the background thread).
+    iterator& operator++() {
+      owner_->advance();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, sentinel) noexcept {
+      return !it.owner_ || !it.owner_->current_;
+    }
+
+   private:
+    friend class loader;
+    explicit iterator(loader* owner) noexcept : owner_(owner) {}
+    loader* owner_ = nullptr;
+  };
+
+  /// Throws locus::error for bad options; loader<cuda> throws cuda_error without a
+  /// usable GPU (it creates its side stream here).
+  loader(const Source& source, loader_options options = {})
+      : source_(&source), options_(options) {
+    if (options_.batch_size < 1)
+      throw error("locus: loader batch_size must be >= 1, got " + std::to_string(options_.batch_size));
+    if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
+      throw error("locus: loader rank " + std::to_string(options_.rank) + " of world_size " +
+                  std::to_string(options_.world_size) +
+                  "; expected world_size >= 1 and 0 <= rank < world_size");
+    if (options_.prefetch < 1)
+      throw error("locus: loader prefetch must be >= 1, got " + std::to_string(options_.prefetch));
+    if (static_cast<index_t>(source.size()) < 0 || static_cast<index_t>(source.features()) < 0)
+      throw error("locus: loader dataset reports a negative size or feature count");
+#if LOCUS_HAS_CUDA
+    if constexpr (is_cuda) cuda_.side.emplace();
+#endif
+  }
+  /// Held by reference: a temporary dataset would dangle.
+  loader(const Source&&, loader_options = {}) = delete;
+  loader(const loader&) = delete;
+  loader& operator=(const loader&) = delete;
+  ~loader() { stop(); }
+
+  /// Selects the epoch whose order the next begin() uses.
+  void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] const loader_options& options() const noexcept { return options_; }
+
+  /// Samples this rank reads per epoch.
+  [[nodiscard]] index_t shard_size() const {
+    const auto [b, e] = detail::shard_range(static_cast<index_t>(source_->size()), options_.rank,
+                                            options_.world_size);
+    return e - b;
+  }
+  /// Batches this rank yields per epoch.
+  [[nodiscard]] index_t size() const {
+    const index_t n = shard_size(), bs = options_.batch_size;
+    return options_.drop_last ? n / bs : (n + bs - 1) / bs;
+  }
+  /// The dataset indices this rank reads in the current epoch, in order (dropped
+  /// tail included: drop_last only stops before it).
+  [[nodiscard]] std::vector<index_t> indices() const {
+    const index_t n = static_cast<index_t>(source_->size());
+    auto order = detail::epoch_order(n, options_.shuffle, options_.seed, epoch_);
+    const auto [b, e] = detail::shard_range(n, options_.rank, options_.world_size);
+    return {order.begin() + b, order.begin() + e};
+  }
+
+  /// Starts an epoch (stopping an unfinished one) and waits for its first batch.
+  iterator begin() {
+    stop();
+    order_ = indices();
+    batches_ = size();
+    delivered_ = 0;
+    stop_ = false;
+    active_ = true;
+#if LOCUS_HAS_CUDA
+    if constexpr (is_cuda) {
+      cuda_.consumer = locus::detail::current_stream();
+      cuda_.device = locus::detail::current_device();
+    }
+#endif
+    worker_ = std::thread([this] { produce(); });
+    advance();
+    return iterator(this);
+  }
+  sentinel end() const noexcept { return {}; }
+
+ private:
+  // One prepared batch, or the error that ended the epoch.
+  struct item {
+    std::optional<batch<D>> b;
+    std::exception_ptr error;
+#if LOCUS_HAS_CUDA
+    // The two copies of a cuda batch; each owns its pinned staging tensor.
+    std::optional<pending<tensor_view<float, cuda, 2>>> x_copy;
+    std::optional<pending<tensor_view<std::int64_t, cuda, 1>>> y_copy;
+#endif
+  };
+
+  // ---- consumer side -------------------------------------------------------------
+  void advance() {
+    current_.reset();  // free the batch handed out before taking the next
+    if (!active_) return;
+    if (delivered_ == batches_) {
+      finish_epoch();
+      return;
+    }
+    item it;
+    {
+      std::unique_lock lock(mutex_);
+      ready_cv_.wait(lock, [&] { return !queue_.empty(); });
+      it = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    space_cv_.notify_one();
+    if (it.error) {
+      finish_epoch();
+      std::rethrow_exception(it.error);
+    }
+#if LOCUS_HAS_CUDA
+    if constexpr (is_cuda) {
+      // The batch handed out is complete: wait for both copies (and free staging).
+      (void)it.x_copy->get();
+      (void)it.y_copy->get();
+      it.x_copy.reset();
+      it.y_copy.reset();
+    }
+#endif
+    current_ = std::move(it.b);
+    ++delivered_;
+  }
+
+  void finish_epoch() {
+    active_ = false;
+    if (worker_.joinable()) worker_.join();
+  }
+
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    space_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    queue_.clear();  // a cuda batch still copying is waited for by its pendings
+    current_.reset();
+    active_ = false;
+  }
+
+  // ---- background thread -------------------------------------------------------------
+  void produce() {
+    try {
+#if LOCUS_HAS_CUDA
+      std::optional<event> consumer_ready;
+      if constexpr (is_cuda) {
+        LOCUS_CUDA_CHECK(cudaSetDevice(cuda_.device));
+        consumer_ready.emplace();
+      }
+#endif
+      for (index_t k = 0; k < batches_; ++k) {
+        {
+          std::unique_lock lock(mutex_);
+          space_cv_.wait(lock, [&] {
+            return stop_ || queue_.size() < static_cast<std::size_t>(options_.prefetch);
+          });
+          if (stop_) return;
+        }
+        item it;
+        const index_t first = k * options_.batch_size;
+        const index_t count = std::min<index_t>(options_.batch_size,
+                                                static_cast<index_t>(order_.size()) - first);
+        if constexpr (!is_cuda) {
+          it.b.emplace(make_filled<D>(first, count));
+        } else {
+#if LOCUS_HAS_CUDA
+          auto staged = make_filled<pinned>(first, count);
+          const index_t f = static_cast<index_t>(source_->features());
+          batch<cuda> b;
+          {
+            // Allocate on the consumer's stream, and let the side stream wait for
+            // what is already enqueued there (a recycled block may still be read).
+            locus::detail::raw_stream_guard on_consumer(cuda_.consumer);
+            b.x = tensor<float, cuda, 2>(extents<2>{count, f});
+            b.y = tensor<std::int64_t, cuda, 1>(extents<1>{count});
+            consumer_ready->record();
+          }
+          cuda_.side->wait(*consumer_ready);
+          stream_guard on_side(*cuda_.side);
+          it.x_copy.emplace(copy_async(std::move(staged.x), b.x));
+          it.y_copy.emplace(copy_async(std::move(staged.y), b.y));
+          it.b.emplace(std::move(b));
+#endif
+        }
+        {
+          std::lock_guard lock(mutex_);
+          if (stop_) return;
+          queue_.push_back(std::move(it));
+        }
+        ready_cv_.notify_one();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mutex_);
+        item failed;
+        failed.error = std::current_exception();
+        queue_.push_back(std::move(failed));
+      }
+      ready_cv_.notify_one();
+    }
+  }
+
+  /// Positions [first, first + count) of this epoch's order, gathered on host
+  /// device H (cpu or pinned).
+  template <class H>
+  batch<H> make_filled(index_t first, index_t count) {
+    const index_t f = static_cast<index_t>(source_->features());
+    batch<H> b{tensor<float, H, 2>(extents<2>{count, f}), tensor<std::int64_t, H, 1>(extents<1>{count})};
+    float* x = b.x.data_handle();
+    std::int64_t* y = b.y.data_handle();
+    for (index_t k = 0; k < count; ++k)
+      y[k] = static_cast<std::int64_t>(source_->load(order_[static_cast<std::size_t>(first + k)],
+                                                     std::span<float>(x + k * f, static_cast<std::size_t>(f))));
+    return b;
+  }
+
+  const Source* source_;
+  loader_options options_;
+  std::uint64_t epoch_ = 0;
+
+  // the epoch in progress
+  std::vector<index_t> order_;
+  index_t batches_ = 0, delivered_ = 0;
+  bool active_ = false;
+  std::optional<batch<D>> current_;
+
+  std::mutex mutex_;
+  std::condition_variable ready_cv_, space_cv_;
+  std::deque<item> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+
+#if LOCUS_HAS_CUDA
+  struct cuda_parts {
+    std::optional<stream> side;
+    cudaStream_t consumer = nullptr;
+    int device = 0;
+  };
+  struct no_cuda_parts {};
+  [[no_unique_address]] std::conditional_t<is_cuda, cuda_parts, no_cuda_parts> cuda_;
+#endif
+};
+
+}  // namespace locus::data

@@ -1,0 +1,3 @@
+// CUDA suite: reductions (CUB), softmax and one_hot on cuda.
+#define LOCUS_TEST_DEVICES locus::cuda
+#include "generic/reduce_cases.hpp"

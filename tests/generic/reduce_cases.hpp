@@ -1,0 +1,183 @@
+// Device-generic tests of reductions, softmax and one_hot (included with
+// LOCUS_TEST_DEVICES defined). References are computed in double on the host.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <locus/locus.hpp>
+
+namespace locus_reduce_test {
+template <class T, class D, std::size_t R>
+std::vector<double> doubles(const locus::tensor<T, D, R>& t) {
+  auto h = locus::to<locus::cpu>(t);
+  std::vector<double> out;
+  for (const auto& v : h.span()) out.push_back(static_cast<double>(locus::detail::load(v)));
+  return out;
+}
+template <class T, class D>
+double scalar(const locus::tensor<T, D, 0>& t) {
+  return static_cast<double>(locus::detail::load(locus::to<locus::cpu>(t).item()));
+}
+inline double rel(double got, double ref) { return std::abs(got - ref) / std::max(1.0, std::abs(ref)); }
+}  // namespace locus_reduce_test
+
+TEST_CASE_TEMPLATE("reductions over the whole tensor match a double reference", D, LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  auto x = locus::randn<float, D>({513, 1021}, 71, 0.5, 2.0);
+  const auto X = doubles(x);
+  double s = 0, mx = -1e300, mn = 1e300;
+  std::size_t amx = 0, amn = 0;
+  for (std::size_t i = 0; i < X.size(); ++i) {
+    s += X[i];
+    if (X[i] > mx) mx = X[i], amx = i;
+    if (X[i] < mn) mn = X[i], amn = i;
+  }
+  const double mean = s / double(X.size());
+  double ss = 0;
+  for (double v : X) ss += (v - mean) * (v - mean);
+  auto sum = locus::sum(x);
+  static_assert(std::is_same_v<decltype(sum), locus::tensor<float, D, 0>>);
+  CHECK(rel(scalar(sum), s) <= 1e-5);
+  CHECK(rel(scalar(locus::mean(x)), mean) <= 1e-5);
+  CHECK(scalar(locus::max(x)) == mx);
+  CHECK(scalar(locus::min(x)) == mn);
+  CHECK(locus::to<locus::cpu>(locus::argmax(x)).item() == static_cast<std::int64_t>(amx));
+  CHECK(locus::to<locus::cpu>(locus::argmin(x)).item() == static_cast<std::int64_t>(amn));
+  CHECK(rel(scalar(locus::var(x)), ss / double(X.size() - 1)) <= 1e-5);
+  CHECK(rel(scalar(locus::var(x, locus::correction(0))), ss / double(X.size())) <= 1e-5);
+  // An expression is reduced without a temporary: sum(x * x)
+  double sq = 0;
+  for (double v : X) sq += double(float(v * v));
+  CHECK(rel(scalar(locus::sum(x * x)), sq) <= 1e-5);
+}
+
+TEST_CASE_TEMPLATE("reductions along an axis match a double reference with and without keepdim", D,
+                   LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  auto x = locus::randn<double, D>({7, 33, 5}, 72);
+  const auto X = doubles(x);
+  auto at = [&](int i, int j, int k) { return X[static_cast<std::size_t>((i * 33 + j) * 5 + k)]; };
+  for (std::size_t axis = 0; axis < 3; ++axis) {
+    INFO("axis " << axis);
+    auto s = locus::sum(x, axis);
+    static_assert(decltype(s)::rank == 2);
+    auto sk = locus::sum(x, axis, locus::keepdim);
+    static_assert(decltype(sk)::rank == 3);
+    CHECK(sk.shape()[axis] == 1);
+    auto mx = locus::max(x, axis);
+    auto am = locus::argmax(x, axis);
+    static_assert(std::is_same_v<typename decltype(am)::value_type, std::int64_t>);
+    auto vr = locus::var(x, axis);
+    const auto S = doubles(s), SK = doubles(sk), MX = doubles(mx), AM = doubles(am), VR = doubles(vr);
+    CHECK(S == SK);
+    const int n0 = axis == 0 ? 33 : 7, n1 = axis == 2 ? 33 : 5, len = axis == 0 ? 7 : axis == 1 ? 33 : 5;
+    for (int a = 0; a < n0; ++a)
+      for (int b = 0; b < n1; ++b) {
+        double ref = 0, best = -1e300, m2 = 0;
+        int arg = 0;
+        std::vector<double> row;
+        for (int j = 0; j < len; ++j) {
+          const double v = axis == 0 ? at(j, a, b) : axis == 1 ? at(a, j, b) : at(a, b, j);
+          row.push_back(v);
+          ref += v;
+          if (v > best) best = v, arg = j;
+        }
+        const double mean = ref / len;
+        for (double v : row) m2 += (v - mean) * (v - mean);
+        const std::size_t o = static_cast<std::size_t>(a * n1 + b);
+        CHECK(rel(S[o], ref) <= 1e-12);
+        CHECK(MX[o] == best);
+        CHECK(AM[o] == arg);
+        CHECK(rel(VR[o], m2 / (len - 1)) <= 1e-12);
+      }
+  }
+  CHECK_THROWS_AS((void)locus::sum(x, 3), locus::shape_error);
+}
+
+TEST_CASE_TEMPLATE("sums are accurate where naive float summation is not", D, LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  // 2^24 values of 3.0f: a naive float loop drifts by a fifth (its increment of 3 is
+  // rounded to the spacing of the running total); the blocked sum is exact.
+  auto t = locus::full<float, D>({1 << 24}, 3.0f);
+  CHECK(scalar(locus::sum(t)) == 3.0 * double(1 << 24));
+  float naive = 0;
+  for (int i = 0; i < (1 << 24); ++i) naive += 3.0f;
+  CHECK(std::abs(double(naive) - 3.0 * double(1 << 24)) > 0.1 * 3.0 * double(1 << 24));
+  // bf16 and f16 accumulate in f32: 4096 ones is exact (a bf16 accumulator stops at 256).
+  auto b = locus::full<locus::bf16, D>({4096}, 1.0f);
+  CHECK(scalar(locus::sum(b)) == 4096.0);
+  auto h = locus::full<locus::f16, D>({64, 64}, 0.5f);
+  CHECK(scalar(locus::mean(h)) == 0.5);
+  CHECK(doubles(locus::sum(h, 1))[3] == 32.0);
+}
+
+TEST_CASE_TEMPLATE("reductions propagate NaN and handle empty tensors", D, LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  std::vector<float> v(5000, 1.0f);
+  v[4321] = std::numeric_limits<float>::quiet_NaN();
+  auto t = locus::from_host<D>(v, {5000});
+  CHECK(std::isnan(scalar(locus::sum(t))));
+  CHECK(std::isnan(scalar(locus::max(t))));
+  CHECK(std::isnan(scalar(locus::min(t))));
+  CHECK(locus::to<locus::cpu>(locus::argmax(t)).item() == 4321);
+  auto m = locus::from_host<D>(v, {50, 100});
+  const auto rows = doubles(locus::max(m, 1));
+  CHECK(std::isnan(rows[43]));
+  CHECK(rows[42] == 1.0);
+
+  auto e = locus::empty<float, D>({0, 3});
+  CHECK(scalar(locus::sum(e)) == 0.0);
+  CHECK_THROWS_AS((void)locus::max(e), locus::shape_error);
+  CHECK_THROWS_AS((void)locus::argmin(e), locus::shape_error);
+  CHECK(doubles(locus::sum(e, 0)) == std::vector<double>{0.0, 0.0, 0.0});
+  CHECK_THROWS_AS((void)locus::max(e, 0), locus::shape_error);
+  CHECK(locus::max(e, 1).numel() == 0);  // no rows: nothing to reduce, no error
+}
+
+TEST_CASE_TEMPLATE("softmax and log_softmax are stable and match a double reference", D,
+                   LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  auto x = locus::randn<float, D>({256, 1024}, 73, 0.0, 4.0);
+  auto big = locus::eval(x + 1000.0f);  // exp would overflow without the max shift
+  auto sm = locus::softmax(big, 1);
+  auto ls = locus::log_softmax(big, 1);
+  const auto X = doubles(x), SM = doubles(sm), LS = doubles(ls);
+  double worst_sm = 0, worst_ls = 0;
+  for (int r = 0; r < 256; r += 17) {
+    double m = -1e300, s = 0;
+    for (int j = 0; j < 1024; ++j) m = std::max(m, X[std::size_t(r * 1024 + j)]);
+    for (int j = 0; j < 1024; ++j) s += std::exp(X[std::size_t(r * 1024 + j)] - m);
+    for (int j = 0; j < 1024; ++j) {
+      const std::size_t i = std::size_t(r * 1024 + j);
+      const double ref_ls = X[i] - m - std::log(s);
+      worst_ls = std::max(worst_ls, rel(LS[i], ref_ls));
+      worst_sm = std::max(worst_sm, std::abs(SM[i] - std::exp(ref_ls)));
+    }
+  }
+  // x + 1000 rounds x to f32's spacing near 1000 (2^-14): compare within that.
+  CHECK(worst_sm <= 1e-4);
+  CHECK(worst_ls <= 1e-4);
+  auto col = locus::softmax(x, 0);
+  const auto C = doubles(locus::sum(col, 0));
+  for (double c : C) CHECK(c == doctest::Approx(1.0).epsilon(1e-5));
+  CHECK_THROWS_AS((void)locus::softmax(x, 2), locus::shape_error);
+}
+
+TEST_CASE_TEMPLATE("one_hot puts a single one at each label", D, LOCUS_TEST_DEVICES) {
+  std::vector<std::int64_t> labels{3, 0, 9, 9, 1};
+  auto y = locus::from_host<D>(labels, {5});
+  auto oh = locus::one_hot<float>(y, 10);
+  static_assert(std::is_same_v<decltype(oh), locus::tensor<float, D, 2>>);
+  auto h = locus::to<locus::cpu>(oh);
+  for (int i = 0; i < 5; ++i)
+    for (int c = 0; c < 10; ++c) CHECK(h(i, c) == (labels[std::size_t(i)] == c ? 1.0f : 0.0f));
+  if constexpr (D::host_accessible) {
+    std::vector<std::int64_t> bad{1, 10};
+    auto yb = locus::from_host<D>(bad, {2});
+    CHECK_THROWS_AS((void)locus::one_hot<float>(yb, 10), locus::index_error);
+  }
+}
