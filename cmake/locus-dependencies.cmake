@@ -59,6 +59,81 @@ endif()
 
 find_package(OpenMP)
 
+# BLAS for host GEMMs (locus::matmul on cpu and pinned): OpenBLAS when it is there, else
+# any BLAS FindBLAS knows, provided it has the CBLAS interface (cblas.h and
+# cblas_sgemm). Without one locus runs its own blocked GEMM, correct but slower.
+#   LOCUS_ENABLE_BLAS: AUTO (default: use BLAS when found), ON (required) or OFF.
+# The result is the imported target locus::blas (BLAS::BLAS, the cblas.h directory and
+# LOCUS_HAS_BLAS=1). The installed package links it through $<TARGET_NAME_IF_EXISTS>,
+# so a consumer whose machine has no BLAS still configures (and uses the fallback).
+if(NOT DEFINED LOCUS_ENABLE_BLAS)
+  set(LOCUS_ENABLE_BLAS AUTO)
+endif()
+set(LOCUS_BLAS_FOUND OFF)
+if(NOT LOCUS_ENABLE_BLAS STREQUAL "OFF" AND NOT TARGET locus::blas)
+  if(NOT DEFINED BLA_VENDOR)
+    set(BLA_VENDOR OpenBLAS)
+    find_package(BLAS QUIET)
+    unset(BLA_VENDOR)
+    if(NOT BLAS_FOUND)
+      find_package(BLAS QUIET)
+    endif()
+  else()
+    find_package(BLAS QUIET)
+  endif()
+  find_path(LOCUS_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+  if(BLAS_FOUND AND LOCUS_CBLAS_INCLUDE_DIR)
+    include(CheckCXXSourceCompiles)
+    include(CMakePushCheckState)
+    cmake_push_check_state(RESET)
+    set(CMAKE_REQUIRED_INCLUDES "${LOCUS_CBLAS_INCLUDE_DIR}")
+    set(CMAKE_REQUIRED_LIBRARIES ${BLAS_LIBRARIES})
+    set(CMAKE_REQUIRED_QUIET ON)
+    check_cxx_source_compiles([=[
+      #include <cblas.h>
+      int main() {
+        float a = 1, b = 2, c = 0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+        return c == 2 ? 0 : 1;
+      }]=] LOCUS_CBLAS_LINKS)
+    cmake_pop_check_state()
+    if(LOCUS_CBLAS_LINKS)
+      set(LOCUS_BLAS_FOUND ON)
+      add_library(locus::blas INTERFACE IMPORTED)
+      target_link_libraries(locus::blas INTERFACE BLAS::BLAS)
+      target_include_directories(locus::blas INTERFACE "${LOCUS_CBLAS_INCLUDE_DIR}")
+      target_compile_definitions(locus::blas INTERFACE LOCUS_HAS_BLAS=1)
+    endif()
+  endif()
+  if(NOT LOCUS_BLAS_FOUND)
+    if(LOCUS_ENABLE_BLAS STREQUAL "ON")
+      message(FATAL_ERROR "locus: LOCUS_ENABLE_BLAS=ON but no BLAS with a CBLAS interface was "
+                          "found; install OpenBLAS (Debian: libopenblas-dev), set BLA_VENDOR, or "
+                          "configure with -DLOCUS_ENABLE_BLAS=OFF")
+    endif()
+    message(STATUS "locus: no BLAS with cblas.h found; host matmul uses locus's blocked GEMM "
+                   "(install libopenblas-dev for speed)")
+  else()
+    message(STATUS "locus: host GEMMs through BLAS (${BLAS_LIBRARIES})")
+  endif()
+elseif(TARGET locus::blas)
+  set(LOCUS_BLAS_FOUND ON)
+endif()
+
+# zlib for the IDX dataset reader (locus/data/idx.hpp reads plain and gzip files). The
+# imported target locus::zlib carries LOCUS_HAS_ZLIB=1; linked like locus::blas.
+if(NOT TARGET locus::zlib)
+  find_package(ZLIB QUIET)
+  if(ZLIB_FOUND)
+    add_library(locus::zlib INTERFACE IMPORTED)
+    target_link_libraries(locus::zlib INTERFACE ZLIB::ZLIB)
+    target_compile_definitions(locus::zlib INTERFACE LOCUS_HAS_ZLIB=1)
+  else()
+    message(STATUS "locus: zlib not found; locus/data (IDX datasets) is unavailable "
+                   "(Debian: zlib1g-dev)")
+  endif()
+endif()
+
 function(locus_link_dependencies target)
   target_link_libraries(${target} INTERFACE CCCL::CCCL)
   if(OpenMP_CXX_FOUND)
@@ -67,9 +142,12 @@ function(locus_link_dependencies target)
       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${OpenMP_CXX_FLAGS}>)
     target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
   endif()
+  # Exported as written: the consumer's locus-dependencies.cmake decides whether it exists.
+  target_link_libraries(${target} INTERFACE $<TARGET_NAME_IF_EXISTS:locus::blas>
+                                            $<TARGET_NAME_IF_EXISTS:locus::zlib>)
   if(LOCUS_CUDA_FOUND)
     target_compile_definitions(${target} INTERFACE LOCUS_ENABLE_CUDA=1)
-    target_link_libraries(${target} INTERFACE CUDA::cudart)
+    target_link_libraries(${target} INTERFACE CUDA::cudart CUDA::cublasLt)
     target_compile_options(${target} INTERFACE
       $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>
       $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)

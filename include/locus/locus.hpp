@@ -19,3 +19,5 @@
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"
 #include "ops/matmul.hpp"
+#include "transfer/stream.hpp"
+#include "transfer/async.hpp"

@@ -6,12 +6,13 @@
 #pragma once
 
 #include <cstddef>
-#include <ostream>
-#include <sstream>
-#include <algorithm>
-#include <thread>
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #include "config.hpp"
 #include "../memory/allocator.hpp"
@@ -60,7 +61,10 @@ inline environment_report environment() {
 #if defined(_OPENMP)
   r.openmp = true;
 #endif
-  r.host_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+#if defined(__unix__) || defined(__APPLE__)
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  r.host_threads = cpus > 0 ? static_cast<int>(cpus) : 1;
+#endif
 #if LOCUS_HAS_CUDA
   (void)cudaRuntimeGetVersion(&r.runtime_version);
   (void)cudaDriverGetVersion(&r.driver_version);
@@ -112,38 +116,44 @@ inline environment_report environment() {
 }
 
 inline std::string environment_report::to_string() const {
-  std::ostringstream o;
-  o << "locus " << LOCUS_VERSION_MAJOR << '.' << LOCUS_VERSION_MINOR << '.' << LOCUS_VERSION_PATCH
-    << "\n";
-  o << "  host:            " << host_threads << " hardware threads, OpenMP "
-    << (openmp ? "on" : "off") << "\n";
-  o << "  CUDA compiled:   " << (cuda_compiled ? "yes" : "no") << "\n";
+  // Plain string building: <sstream> would add a second to every user's compile.
+  const auto line = [](std::string& o, const char* label, const std::string& value) {
+    o += "  ";
+    o += label;
+    o += value;
+    o += '\n';
+  };
+  std::string o = "locus " + std::to_string(LOCUS_VERSION_MAJOR) + '.' +
+                  std::to_string(LOCUS_VERSION_MINOR) + '.' + std::to_string(LOCUS_VERSION_PATCH) + '\n';
+  line(o, "host:            ", std::to_string(host_threads) + " hardware threads, OpenMP " + (openmp ? "on" : "off"));
+  line(o, "CUDA compiled:   ", cuda_compiled ? "yes" : "no");
   if (cuda_compiled) {
-    o << "  CUDA runtime:    " << detail::version_string(runtime_version) << "\n";
-    o << "  CUDA driver:     "
-      << (driver_version > 0 ? detail::version_string(driver_version) : std::string("none"))
-      << "\n";
-    o << "  CUDA status:     " << cuda_status << "\n";
-    o << "  CUDA devices:    " << device_count << "\n";
+    line(o, "CUDA runtime:    ", detail::version_string(runtime_version));
+    line(o, "CUDA driver:     ", driver_version > 0 ? detail::version_string(driver_version) : "none");
+    line(o, "CUDA status:     ", cuda_status);
+    line(o, "CUDA devices:    ", std::to_string(device_count));
     for (const auto& d : devices) {
-      o << "    [" << d.index << "] " << d.name << ", compute capability " << d.compute_major
-        << '.' << d.compute_minor << ", " << d.multiprocessors << " SMs, "
-        << out_of_memory::format_bytes(d.total_memory_bytes) << " total, "
-        << out_of_memory::format_bytes(d.free_memory_bytes) << " free\n";
+      o += "    [" + std::to_string(d.index) + "] " + d.name + ", compute capability " +
+           std::to_string(d.compute_major) + '.' + std::to_string(d.compute_minor) + ", " +
+           std::to_string(d.multiprocessors) + " SMs, " +
+           out_of_memory::format_bytes(d.total_memory_bytes) + " total, " +
+           out_of_memory::format_bytes(d.free_memory_bytes) + " free\n";
     }
-    o << "  pinned memory:   "
-      << (pinned_page_locked ? "page-locked (cudaHostAlloc)"
-                             : "fallback to pageable host memory (no usable driver)")
-      << "\n";
+    line(o, "pinned memory:   ", pinned_page_locked ? "page-locked (cudaHostAlloc)"
+                                                    : "fallback to pageable host memory (no usable driver)");
   } else {
-    o << "  CUDA status:     " << cuda_status << "\n";
+    line(o, "CUDA status:     ", cuda_status);
   }
-  o << "  best device:     " << (cuda_usable() ? "cuda" : "cpu") << "\n";
-  return o.str();
+  line(o, "best device:     ", cuda_usable() ? "cuda" : "cpu");
+  return o;
 }
 
-inline std::ostream& operator<<(std::ostream& os, const environment_report& r) {
-  return os << r.to_string();
+/// Streams the report (any stream type with operator<< for std::string).
+template <class Stream>
+  requires requires(Stream& os, const std::string& s) { os << s; }
+Stream& operator<<(Stream& os, const environment_report& r) {
+  os << r.to_string();
+  return os;
 }
 
 /// Whether a CUDA device can be used by this process (checked once, then cached).

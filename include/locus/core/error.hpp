@@ -114,7 +114,10 @@ class cuda_error : public error {
     m += call;
     m += " at ";
     m += file;
-    m += ":" + std::to_string(line) + ": error " + std::to_string(code) + ": ";
+    // snprintf rather than operator+ chains: g++ 12 reports a false -Wrestrict on those.
+    char nums[64];
+    std::snprintf(nums, sizeof nums, ":%d: error %d: ", line, code);
+    m += nums;
     m += text;
     return m;
   }

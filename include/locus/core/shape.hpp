@@ -63,6 +63,8 @@ index_t checked_numel(const extents<R>& s, std::size_t elem_size) {
 
 template <std::size_t R>
 index_t numel_of(const extents<R>& s) noexcept {
+  for (std::size_t i = 0; i < R; ++i)
+    if (s[i] == 0) return 0;  // before multiplying: [0, huge, huge] must not overflow
   index_t n = 1;
   for (std::size_t i = 0; i < R; ++i) n *= s[i];
   return n;

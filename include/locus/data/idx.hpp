@@ -177,6 +177,7 @@ class gz_reader {
     int code = Z_OK;
     const char* msg = gzerror(file_, &code);
     std::string text = msg ? msg : "unknown zlib error";
+    if (text.rfind(name_ + ": ", 0) == 0) text.erase(0, name_.size() + 2);  // zlib prefixes the path
     if (code == Z_ERRNO) text = std::strerror(errno);
     if (code == Z_BUF_ERROR)
       throw io_error("locus: '" + name_ + "' is truncated: the gzip stream ends early (zlib: " +
@@ -229,22 +230,30 @@ tensor<T, cpu, R> parse_idx(Reader& in, const std::string& name) {
 
   // Element count and byte size, refused before allocating when they cannot fit or
   // cannot be in the input.
+  // The product of the non-zero extents bounds every partial product of the shape,
+  // so no element count computed later (even with a zero extent) can overflow.
   constexpr std::uint64_t max_numel = (std::uint64_t{1} << 62) / sizeof(T);
-  std::uint64_t numel = 1;
-  bool overflow = false;
+  std::uint64_t nonzero = 1;
+  bool has_zero = false;
   for (std::size_t a = 0; a < R; ++a) {
     const auto e = static_cast<std::uint64_t>(shape[a]);
-    if (e != 0 && numel > max_numel / e) overflow = true;
-    else numel *= e;
+    if (e == 0) {
+      has_zero = true;
+    } else if (nonzero > max_numel / e) {
+      throw io_error("locus: '" + name + "' is not a valid IDX file: its header announces shape " +
+                     locus::detail::shape_string(shape) + " of " + std::string(dtype_name<T>) +
+                     ", more than 2^62 bytes; expected extents whose product is the number of "
+                     "elements that follow");
+    } else {
+      nonzero *= e;
+    }
   }
-  for (std::size_t a = 0; a < R; ++a)
-    if (shape[a] == 0) numel = 0, overflow = false;
+  const std::uint64_t numel = has_zero ? 0 : nonzero;
   const std::uint64_t bytes = numel * sizeof(T);
-  if (overflow || bytes > in.max_remaining())
+  if (bytes > in.max_remaining())
     throw io_error("locus: '" + name + "' is truncated: its header announces shape " +
                    locus::detail::shape_string(shape) + " of " + std::string(dtype_name<T>) + " (" +
-                   (overflow ? std::string("more than 2^62") : std::to_string(bytes)) +
-                   " bytes of data), but " + in.remaining_note());
+                   std::to_string(bytes) + " bytes of data), but " + in.remaining_note());
 
   tensor<T, cpu, R> out(shape);
   const std::size_t got = bytes ? in.read(out.data_handle(), static_cast<std::size_t>(bytes)) : 0;

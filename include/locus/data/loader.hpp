@@ -48,6 +48,7 @@
 // also the test seam.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <concepts>
 #include <cstddef>
@@ -160,12 +161,11 @@ class loader {
       return *this;
     }
     void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, sentinel) noexcept {
-      return !it.owner_ || !it.owner_->current_;
-    }
+    friend bool operator==(const iterator& it, sentinel) noexcept { return it.done(); }
 
    private:
     friend class loader;
+    bool done() const noexcept { return !owner_ || !owner_->current_; }
     explicit iterator(loader* owner) noexcept : owner_(owner) {}
     loader* owner_ = nullptr;
   };
@@ -274,8 +274,14 @@ class loader {
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) {
       // The batch handed out is complete: wait for both copies (and free staging).
-      (void)it.x_copy->get();
-      (void)it.y_copy->get();
+      // A failed copy (cuda_error) ends the epoch like any other error.
+      try {
+        (void)it.x_copy->get();
+        (void)it.y_copy->get();
+      } catch (...) {
+        stop();
+        throw;
+      }
       it.x_copy.reset();
       it.y_copy.reset();
     }

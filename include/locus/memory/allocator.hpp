@@ -9,10 +9,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <string_view>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -175,8 +173,8 @@ class caching_allocator {
     if (it == live_.end()) return;
     const key k = it->second;
     live_.erase(it);
-    allocated_ -= std::get<2>(k);
-    cached_ += std::get<2>(k);
+    allocated_ -= k.size;
+    cached_ += k.size;
     free_[k].push_back(p);
   }
 
@@ -207,7 +205,20 @@ class caching_allocator {
   Resource& resource() noexcept { return resource_; }
 
  private:
-  using key = std::tuple<int, void*, std::size_t>;  // place, stream, size class
+  struct key {
+    int place;
+    void* stream;
+    std::size_t size;
+    bool operator==(const key&) const = default;
+  };
+  struct key_hash {
+    std::size_t operator()(const key& k) const noexcept {
+      std::size_t h = std::hash<void*>{}(k.stream);
+      h ^= k.size + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h ^= static_cast<std::size_t>(k.place) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      return h;
+    }
+  };
 
   void note_allocation(std::size_t size) {
     allocated_ += size;
@@ -218,8 +229,8 @@ class caching_allocator {
     for (auto& [k, blocks] : free_) {
       for (void* p : blocks) {
         resource_.raw_free(p);
-        reserved_ -= std::get<2>(k);
-        cached_ -= std::get<2>(k);
+        reserved_ -= k.size;
+        cached_ -= k.size;
       }
       blocks.clear();
     }
@@ -228,7 +239,7 @@ class caching_allocator {
 
   std::mutex mutex_;
   Resource resource_;
-  std::map<key, std::vector<void*>> free_;
+  std::unordered_map<key, std::vector<void*>, key_hash> free_;
   std::unordered_map<void*, key> live_;
   std::size_t allocated_ = 0, reserved_ = 0, cached_ = 0, peak_ = 0, allocations_ = 0,
               cache_hits_ = 0;

@@ -180,9 +180,10 @@ constexpr bool require_matmul_output() {
     return true;
   } else {
     static_assert(always_false<O>,
-                  "locus: matmul<OutT> produces the inputs' dtype, or f32 from f16 or bf16 "
-                  "inputs (the accumulation is f32 either way); for another output dtype convert "
-                  "the result with locus::cast<OutT>(...)");
+                  "locus: a matmul or linear result has the inputs' dtype, or f32 for f16 or "
+                  "bf16 inputs (accumulation is f32 either way), so this output dtype (the OutT "
+                  "of matmul<OutT> or the destination's) cannot be produced; convert the result "
+                  "instead with locus::cast<T>(...)");
     return false;
   }
 }
@@ -542,12 +543,12 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
   tensor<T, D, R> a_copy, b_copy;
   if (!la) {
     a_copy = cuda_contiguous(a, "a matmul operand");
-    ao = operand_of(a_copy.view());
+    ao = operand_of(std::as_const(a_copy).view());
     la = blas_layout{false, std::max<index_t>(d.k, 1)};
   }
   if (!lb) {
     b_copy = cuda_contiguous(b, "a matmul operand");
-    bo = operand_of(b_copy.view());
+    bo = operand_of(std::as_const(b_copy).view());
     lb = blas_layout{false, std::max<index_t>(d.n, 1)};
   }
   tensor<O, D, 1> bias_copy;

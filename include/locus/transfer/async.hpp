@@ -117,10 +117,32 @@ struct pending_key {
   explicit pending_key() = default;
 };
 
+/// Ownership of a source given as a non-const rvalue tensor (moved here before the
+/// copy is enqueued, so no failure after that point can free it under the copy);
+/// nothing for lvalues and views.
+template <class Src, class X>
+std::unique_ptr<keep_alive_base> keep_if_rvalue(X& src) {
+  using S = std::remove_reference_t<Src>;
+  if constexpr (tensor_traits<std::remove_cv_t<S>>::is_tensor && !std::is_lvalue_reference_v<Src> &&
+                !std::is_const_v<S>)
+    return make_keep_alive(std::move(src));
+  else
+    return nullptr;
+}
+
+/// cudaMemcpyAsync on the current stream, then `done` recorded after it. If the
+/// record fails, waits for the stream before throwing, so that the caller may free
+/// both sides.
 template <class SD, class DD>
-void enqueue_async_copy(void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
-  if (bytes == 0) return;
-  LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind<SD, DD>(), s));
+void enqueue_and_record(void* dst, const void* src, std::size_t bytes, event& done) {
+  const cudaStream_t s = current_stream();
+  if (bytes != 0) LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind<SD, DD>(), s));
+  try {
+    done.record_on(s);
+  } catch (...) {
+    (void)cudaStreamSynchronize(s);
+    throw;
+  }
 }
 
 }  // namespace detail
@@ -128,7 +150,7 @@ void enqueue_async_copy(void* dst, const void* src, std::size_t bytes, cudaStrea
 /// The result of an asynchronous copy: a tensor (to_async) or a view of the
 /// destination (copy_async) that becomes reachable when the copy is done. Move-only.
 template <class V>
-class [[nodiscard]] pending {
+class pending {
   static_assert(detail::tensor_traits<V>::is_tensor || detail::tensor_traits<V>::is_view,
                 "locus: pending<V> holds a tensor or a tensor_view");
 
@@ -287,16 +309,12 @@ template <Device D2, TensorLike Src>
   using SD = typename st::device;
   using T = typename st::value_type;
   if constexpr (detail::require_async_endpoints<SD, D2>()) {
-    const auto s = detail::as_view(src);
+    const auto s = detail::as_view(src);  // moving src below keeps its memory in place
     detail::require_contiguous_async(s, "source");
     event done;  // first: without a GPU, fail before allocating anything
+    auto keep = detail::keep_if_rvalue<Src>(src);
     tensor<T, D2, st::rank> out(s.shape());
-    detail::enqueue_async_copy<SD, D2>(out.data_handle(), s.data_handle(), s.size_bytes(),
-                                       detail::current_stream());
-    done.record();
-    std::unique_ptr<detail::keep_alive_base> keep;
-    if constexpr (st::is_tensor && !std::is_lvalue_reference_v<Src>)
-      keep = detail::make_keep_alive(std::move(src));
+    detail::enqueue_and_record<SD, D2>(out.data_handle(), s.data_handle(), s.size_bytes(), done);
     return pending<tensor<T, D2, st::rank>>(detail::pending_key{}, std::move(out),
                                             std::move(done), std::move(keep));
   }
@@ -332,12 +350,8 @@ template <TensorLike Src, TensorLike Dst>
     detail::require_contiguous_async(s, "source");
     detail::require_contiguous_async(d, "destination");
     event done;
-    detail::enqueue_async_copy<SD, DD>(d.data_handle(), s.data_handle(), s.size_bytes(),
-                                       detail::current_stream());
-    done.record();
-    std::unique_ptr<detail::keep_alive_base> keep;
-    if constexpr (st::is_tensor && !std::is_lvalue_reference_v<Src>)
-      keep = detail::make_keep_alive(std::move(src));
+    auto keep = detail::keep_if_rvalue<Src>(src);
+    detail::enqueue_and_record<SD, DD>(d.data_handle(), s.data_handle(), s.size_bytes(), done);
     return pending<tensor_view<T, DD, dt::rank>>(detail::pending_key{}, d, std::move(done),
                                                  std::move(keep));
   }

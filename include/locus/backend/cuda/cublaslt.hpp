@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -72,13 +73,17 @@ struct cublaslt_device_state {
   std::size_t workspace_bytes = 0;
 };
 
-inline cublaslt_device_state& cublaslt_state(int device) {
+/// The state of one device, created on first use. Entries are never moved or freed, so
+/// the reference stays valid while other threads add devices.
+inline const cublaslt_device_state& cublaslt_state(int device) {
   static std::mutex mutex;
-  static auto* states = new std::vector<cublaslt_device_state>();
+  static auto* states = new std::vector<std::unique_ptr<cublaslt_device_state>>();
   std::lock_guard lock(mutex);
   if (device < 0) device = 0;
   if (states->size() <= static_cast<std::size_t>(device)) states->resize(device + 1);
-  cublaslt_device_state& s = (*states)[device];
+  auto& slot = (*states)[device];
+  if (!slot) slot = std::make_unique<cublaslt_device_state>();
+  cublaslt_device_state& s = *slot;
   if (!s.handle) {
     int major = 0;
     LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -109,10 +114,15 @@ struct lt_layout {
             int batch, std::int64_t batch_stride) {
     LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, type, rows, cols, ld));
     if (batch > 1) {
-      LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                          &batch, sizeof batch));
-      LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-          h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride));
+      try {
+        LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                            &batch, sizeof batch));
+        LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride));
+      } catch (...) {
+        (void)cublasLtMatrixLayoutDestroy(h);
+        throw;
+      }
     }
   }
   lt_layout(const lt_layout&) = delete;

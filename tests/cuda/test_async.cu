@@ -1,0 +1,323 @@
+// CUDA suite: streams, events, stream_guard, asynchronous copies (to_async,
+// copy_async, pending) and the cuda loader (pinned staging, side-stream copies).
+// Every case needs a GPU; without one the runner reports the whole suite skipped.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <locus/locus.hpp>
+#include <locus/data/loader.hpp>
+#include <locus/transfer/async.hpp>
+#include <locus/transfer/stream.hpp>
+
+namespace {
+
+using dev2 = locus::tensor<float, locus::cuda, 2>;
+
+// ---- compile-time properties (checked by the build, GPU or not) -------------------------
+static_assert(!std::is_copy_constructible_v<locus::stream>);
+static_assert(!std::is_copy_assignable_v<locus::event>);
+static_assert(std::is_nothrow_move_constructible_v<locus::stream>);
+static_assert(std::is_nothrow_move_constructible_v<locus::event>);
+static_assert(std::is_nothrow_move_constructible_v<locus::pending<dev2>>);
+static_assert(!std::is_copy_constructible_v<locus::stream_guard> && !std::is_move_constructible_v<locus::stream_guard>);
+// get() on an rvalue hands the tensor over by value; on an lvalue it lends it.
+static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2>>().get()), dev2>);
+static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2>&>().get()), dev2&>);
+static_assert(std::is_same_v<decltype(locus::to_async<locus::cuda>(std::declval<locus::tensor<float, locus::pinned, 2>&>())),
+                             locus::pending<dev2>>);
+static_assert(std::is_same_v<decltype(locus::copy_async(std::declval<dev2&>(), std::declval<dev2&>())),
+                             locus::pending<locus::tensor_view<float, locus::cuda, 2>>>);
+
+/// Keeps stream s busy for about `ms` milliseconds (the GPU's global timer), so that
+/// work enqueued after it is observably not done yet.
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+void spin(cudaStream_t s, int ms) {
+  spin_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(ms) * 1000000ull);
+  LOCUS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+locus::tensor<T, locus::pinned, 1> pinned_pattern(locus::index_t n, unsigned salt) {
+  auto t = locus::empty<T, locus::pinned>({n});
+  auto* bytes = reinterpret_cast<unsigned char*>(t.data_handle());
+  for (std::size_t i = 0; i < t.size_bytes(); ++i) bytes[i] = static_cast<unsigned char>((i * 2654435761u + salt) >> 7);
+  return t;
+}
+
+template <class T, class D, std::size_t R>
+bool same_bytes(const locus::tensor<T, locus::pinned, R>& a, const locus::tensor<T, D, R>& b) {
+  static_assert(D::host_accessible);
+  return a.shape() == b.shape() && std::memcmp(a.data_handle(), b.data_handle(), a.size_bytes()) == 0;
+}
+
+}  // namespace
+
+// ---- asynchronous copies ------------------------------------------------------------------
+
+TEST_CASE("to_async round trip pinned to cuda to pinned is exact") {
+  CHECK_FALSE(locus::memory_stats<locus::pinned>().fallback);  // page-locked for real
+  auto f = pinned_pattern<float>(1 << 20, 1);  // every bit pattern kind, NaNs included
+  auto b = pinned_pattern<locus::bf16>(12345, 2);
+  auto i = pinned_pattern<std::int64_t>(777, 3);
+
+  auto to_gpu_f = locus::to_async<locus::cuda>(f);
+  auto to_gpu_b = locus::to_async<locus::cuda>(b);
+  auto to_gpu_i = locus::to_async<locus::cuda>(i);
+  auto back_f = locus::to_async<locus::pinned>(to_gpu_f.get());
+  auto back_b = locus::to_async<locus::pinned>(to_gpu_b.get());
+  auto back_i = locus::to_async<locus::pinned>(to_gpu_i.get());
+  CHECK(same_bytes(f, std::move(back_f).get()));
+  CHECK(same_bytes(b, std::move(back_b).get()));
+  CHECK(same_bytes(i, std::move(back_i).get()));
+
+  // Rank 3, through the blocking path for comparison.
+  auto h = locus::to<locus::pinned>(locus::randn<float, locus::cpu>({4, 5, 6}, 9));
+  auto d = std::move(locus::to_async<locus::cuda>(h)).get();
+  CHECK(same_bytes(h, locus::to<locus::pinned>(d)));
+}
+
+TEST_CASE("copy_async cuda to cuda and into existing pinned memory") {
+  auto src = pinned_pattern<float>(4096, 4);
+  auto d1 = std::move(locus::to_async<locus::cuda>(src)).get();
+  auto d2 = locus::empty<float, locus::cuda>({4096});
+  auto out = locus::empty<float, locus::pinned>({4096});
+  {
+    auto p = locus::copy_async(d1, d2);
+    static_assert(std::is_same_v<decltype(p.get()), locus::tensor_view<float, locus::cuda, 1>&>);
+    CHECK(p.get().data_handle() == d2.data_handle());
+  }
+  auto q = locus::copy_async(d2, out);
+  (void)q.get();
+  CHECK(same_bytes(src, out));
+
+  // Rows of a matrix (contiguous slices) into a view of another tensor.
+  auto m = locus::zeros<float, locus::cuda>({8, 512});
+  auto rows = locus::copy_async(d1.reshape({8, 512}).slice(2, 5), m.slice(0, 3));
+  (void)rows.get();
+  auto hm = locus::to<locus::cpu>(m);
+  CHECK(std::memcmp(hm.data_handle(), src.data_handle() + 2 * 512, 3 * 512 * sizeof(float)) == 0);
+
+  // Mismatched shapes: shape_error, nothing enqueued; strided views: shape_error.
+  auto small = locus::empty<float, locus::cuda>({10});
+  CHECK_THROWS_AS((void)locus::copy_async(d1, small), locus::shape_error);
+  auto wide = locus::empty<float, locus::pinned>({4, 6});
+  auto strided = locus::tensor_view<float, locus::pinned, 2>(wide.data_handle(), {4, 3}, {6, 1});
+  auto target = locus::empty<float, locus::cuda>({4, 3});
+  CHECK_THROWS_AS((void)locus::copy_async(strided, target), locus::shape_error);
+  CHECK_THROWS_AS((void)locus::to_async<locus::cuda>(strided), locus::shape_error);
+}
+
+TEST_CASE("pending get waits and ready polls") {
+  locus::stream s;
+  locus::stream_guard g(s);
+  auto src = pinned_pattern<float>(1 << 16, 5);
+  spin(s.native_handle(), 300);
+  auto p = locus::to_async<locus::cuda>(src);
+  CHECK_FALSE(p.ready());  // behind 300 ms of spinning
+  const auto t0 = std::chrono::steady_clock::now();
+  auto& lent = p.get();
+  CHECK(std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(100));
+  CHECK(p.ready());
+  CHECK(s.query());
+  CHECK(lent.numel() == (1 << 16));
+  auto owned = std::move(p).get();
+  CHECK(same_bytes(src, locus::to<locus::pinned>(owned)));
+  CHECK_THROWS_AS((void)p.get(), locus::error);  // the value has left
+  CHECK_THROWS_AS((void)p.ready(), locus::error);
+}
+
+TEST_CASE("a pending destroyed without get waits for its copy") {
+  locus::stream s;
+  locus::stream_guard g(s);
+  auto src = pinned_pattern<float>(1 << 16, 6);
+  spin(s.native_handle(), 300);
+  {
+    auto p = locus::to_async<locus::cuda>(src);
+    CHECK_FALSE(s.query());
+  }  // ~pending: waits, so its destination is not freed under the copy
+  CHECK(s.query());
+
+  // Assigning over an in-flight pending waits for it too.
+  spin(s.native_handle(), 300);
+  auto a = locus::to_async<locus::cuda>(src);
+  auto b = locus::to_async<locus::cuda>(pinned_pattern<float>(16, 7));
+  CHECK_FALSE(s.query());
+  a = std::move(b);
+  CHECK(s.query());
+}
+
+TEST_CASE("to_async owns an rvalue source until the copy is done") {
+  locus::stream s;
+  locus::stream_guard g(s);
+  locus::empty_cache<locus::pinned>();
+  const auto before = locus::memory_stats<locus::pinned>().allocated_bytes;
+  const std::size_t bytes = locus::detail::size_class((1 << 18) * sizeof(float));
+  spin(s.native_handle(), 200);
+  auto p = locus::to_async<locus::cuda>(pinned_pattern<float>(1 << 18, 8));  // a temporary source
+  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before + bytes);  // kept alive
+  (void)p.get();
+  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);  // released once done
+}
+
+// ---- streams, events, guards --------------------------------------------------------------
+
+TEST_CASE("stream_guard makes work go to a stream and restores the previous one") {
+  const cudaStream_t before = locus::detail::current_stream();
+  locus::stream s, t;
+  {
+    locus::stream_guard g(s);
+    CHECK(locus::detail::current_stream() == s.native_handle());
+    spin(locus::detail::current_stream(), 200);
+    auto z = locus::zeros<float, locus::cuda>({1 << 20});  // a memset on the current stream
+    CHECK_FALSE(s.query());
+    CHECK(t.query());
+    // Created streams are non-blocking: the legacy default stream is not held up.
+    CHECK(cudaStreamQuery(nullptr) == cudaSuccess);
+    {
+      locus::stream_guard inner(t);
+      CHECK(locus::detail::current_stream() == t.native_handle());
+    }
+    CHECK(locus::detail::current_stream() == s.native_handle());
+    s.synchronize();
+    CHECK(s.query());
+    CHECK(locus::to<locus::cpu>(z)(12345) == 0.0f);
+  }
+  CHECK(locus::detail::current_stream() == before);
+}
+
+TEST_CASE("events order streams: record wait synchronize query") {
+  locus::stream a, b;
+  locus::event e;
+  CHECK(e.query());  // nothing recorded yet
+  spin(a.native_handle(), 200);
+  e.record(a);
+  CHECK_FALSE(e.query());
+  b.wait(e);
+  auto z = [&] {
+    locus::stream_guard g(b);
+    return locus::zeros<float, locus::cuda>({1024});
+  }();
+  CHECK_FALSE(b.query());  // b waits for a's spin
+  e.synchronize();
+  CHECK(e.query());
+  b.synchronize();
+  CHECK(b.query());
+}
+
+TEST_CASE("streams and events are move-only handles and a moved-from one is an error") {
+  locus::stream s;
+  const cudaStream_t h = s.native_handle();
+  locus::stream s2 = std::move(s);
+  CHECK(s2.native_handle() == h);
+  CHECK(s.native_handle() == nullptr);
+  CHECK_THROWS_AS(s.synchronize(), locus::error);
+  CHECK_THROWS_AS(locus::stream_guard{s}, locus::error);
+  locus::event e;
+  locus::event e2 = std::move(e);
+  CHECK_THROWS_AS((void)e.query(), locus::error);
+  CHECK_THROWS_AS(e.record(s2), locus::error);
+  CHECK_THROWS_AS(s2.wait(e), locus::error);
+  e2.record(s2);
+  e2.synchronize();
+}
+
+// ---- the cuda loader ----------------------------------------------------------------------
+
+namespace {
+struct counting_source {
+  locus::index_t n = 0;
+  locus::index_t f = 3;
+  locus::index_t throw_at = -1;
+  locus::index_t size() const { return n; }
+  locus::index_t features() const { return f; }
+  std::int64_t load(locus::index_t i, std::span<float> x) const {
+    if (i == throw_at) throw std::runtime_error("sample " + std::to_string(i) + " is unreadable");
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(i) + 0.001f * static_cast<float>(k);
+    return i;
+  }
+};
+}  // namespace
+
+TEST_CASE("loader on cuda yields the batches of the cpu loader") {
+  counting_source src{.n = 1000, .f = 784};
+  const locus::data::loader_options opt{.batch_size = 64, .shuffle = true, .seed = 11, .prefetch = 3};
+  locus::data::loader<locus::cpu, counting_source> host(src, opt);
+  locus::data::loader<locus::cuda, counting_source> gpu(src, opt);
+  host.set_epoch(2);
+  gpu.set_epoch(2);
+  locus::stream compute;  // the consumer works on its own stream
+  locus::stream_guard g(compute);
+  auto h = host.begin();
+  int n = 0;
+  for (auto& [x, y] : gpu) {
+    REQUIRE(!(h == host.end()));
+    auto& [hx, hy] = *h;
+    auto gx = locus::to<locus::cpu>(x);
+    auto gy = locus::to<locus::cpu>(y);
+    CHECK(gx.shape() == hx.shape());
+    CHECK(std::memcmp(gx.data_handle(), hx.data_handle(), hx.size_bytes()) == 0);
+    CHECK(std::memcmp(gy.data_handle(), hy.data_handle(), hy.size_bytes()) == 0);
+    spin(compute.native_handle(), 2);  // "compute" that overlaps the next copies
+    ++h;
+    ++n;
+  }
+  CHECK(n == gpu.size());
+  CHECK(h == host.end());
+}
+
+TEST_CASE("loader on cuda bounds its pinned staging by the prefetch depth") {
+  counting_source src{.n = 256, .f = 1000};
+  const int depth = 2;
+  const std::size_t staging = locus::detail::size_class(8 * 1000 * sizeof(float)) +
+                              locus::detail::size_class(8 * sizeof(std::int64_t));
+  locus::empty_cache<locus::pinned>();
+  const auto base = locus::memory_stats<locus::pinned>().allocated_bytes;
+  locus::reset_peak_memory_stats<locus::pinned>();
+  {
+    locus::data::loader<locus::cuda, counting_source> l(src, {.batch_size = 8, .prefetch = depth});
+    int batches = 0;
+    for (auto& [x, y] : l) {
+      (void)x;
+      (void)y;
+      ++batches;
+    }
+    CHECK(batches == 32);
+  }
+  const auto s = locus::memory_stats<locus::pinned>();
+  CHECK(s.peak_allocated_bytes - base <= (depth + 1) * staging);
+  CHECK(s.allocated_bytes == base);
+}
+
+TEST_CASE("loader on cuda rethrows an exception of the background thread") {
+  counting_source src{.n = 100, .f = 8, .throw_at = 50};
+  locus::data::loader<locus::cuda, counting_source> l(src, {.batch_size = 10});
+  int batches = 0;
+  try {
+    for (auto& [x, y] : l) {
+      (void)x;
+      (void)y;
+      ++batches;
+    }
+    FAIL("expected the dataset's exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "sample 50 is unreadable");
+  }
+  CHECK(batches == 5);
+}
