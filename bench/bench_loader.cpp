@@ -2,7 +2,7 @@
 // data::loader<cpu> (background thread, prefetch 2) against a plain loop that does the
 // same work in the consumer thread: the same shuffled order, each image normalised
 // (x / 255) into a [256, 784] float batch and its label into an i64 batch. Items are
-// batches; the target is >= 0.8x the loop. Set LOCUS_FASHION_MNIST to another IDX
+// batches; the target is >= 0.8x the loop. Set LOCUS_FASHION_MNIST_DIR to another IDX
 // directory to use other data.
 #include <benchmark/benchmark.h>
 
@@ -17,7 +17,7 @@ namespace {
 
 const locus::data::idx_dataset& train() {
   static const locus::data::idx_dataset ds = [] {
-    const char* dir = std::getenv("LOCUS_FASHION_MNIST");
+    const char* dir = std::getenv("LOCUS_FASHION_MNIST_DIR");
     return locus::data::idx_dataset::from_directory(dir ? dir : "/usr/share/datasets/fashion-mnist", "train");
   }();
   return ds;

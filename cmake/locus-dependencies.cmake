@@ -32,7 +32,7 @@ elseif(NOT LOCUS_ENABLE_CUDA STREQUAL "OFF")
         set(CMAKE_CUDA_ARCHITECTURES native)
         execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE _locus_smi OUTPUT_QUIET ERROR_QUIET)
         if(NOT _locus_smi EQUAL 0)
-          set(CMAKE_CUDA_ARCHITECTURES 80 90)
+          set(CMAKE_CUDA_ARCHITECTURES 90)  # compile-checks only: one architecture is enough
         endif()
       endif()
       enable_language(CUDA)
