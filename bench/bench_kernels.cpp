@@ -13,8 +13,6 @@
 #include <locus/locus.hpp>
 
 #include <thrust/functional.h>
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform.h>
 
 #include <cmath>
@@ -56,19 +54,6 @@ void BM_fused_relu_axpb_omp_loop(benchmark::State& st) {
       y[i] = r < 0.0f ? 0.0f : r;
     }
     benchmark::DoNotOptimize(y);
-  }
-  st.SetBytesProcessed(st.iterations() * big * 4 * 4);
-}
-// The same fused kernel (locus's evaluator functor) driven by thrust::for_each_n with
-// the OpenMP policy: the host launch locus used first; kept to show why it changed.
-void BM_fused_relu_axpb_thrust_for_each(benchmark::State& st) {
-  auto& v = in();
-  const auto e = locus::relu(v.a * v.x + v.b);
-  const auto ev = e.make_eval(v.y.shape());
-  const locus::detail::assign_linear_kernel<float, 1, decltype(ev)> k{v.y.data_handle(), ev};
-  for (auto _ : st) {
-    thrust::for_each_n(thrust::omp::par, thrust::counting_iterator<locus::index_t>(0), big, k);
-    benchmark::DoNotOptimize(v.y.data_handle());
   }
   st.SetBytesProcessed(st.iterations() * big * 4 * 4);
 }
@@ -186,7 +171,6 @@ void BM_softmax_loop(benchmark::State& st) {
 
 BENCHMARK(BM_fused_relu_axpb_locus)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fused_relu_axpb_omp_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_fused_relu_axpb_thrust_for_each)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_unfused_relu_axpb_locus)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_add_locus)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_add_thrust)->UseRealTime()->Unit(benchmark::kMillisecond);

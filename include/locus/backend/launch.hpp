@@ -53,14 +53,7 @@ void launch_n(index_t n, F f) {
     if (n < host_parallel_threshold) {
       for (index_t i = 0; i < n; ++i) f(i);
     } else {
-#if defined(_OPENMP)
-      // The same functor Thrust would call, in an OpenMP simd loop the compiler can see
-      // through: measured faster than thrust::for_each_n(omp::par, ...) (bench/RESULTS.md).
-#pragma omp parallel for simd schedule(static)
-      for (index_t i = 0; i < n; ++i) f(i);
-#else
       thrust::for_each_n(host_policy(), thrust::counting_iterator<index_t>(0), n, f);
-#endif
     }
   } else if constexpr (require_kernel_compiler<D>()) {
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
