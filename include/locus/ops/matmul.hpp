@@ -34,7 +34,10 @@
 #include "expr.hpp"
 #include "math.hpp"
 
-#if LOCUS_HAS_CUDA
+// cuBLASLt only where nvcc compiles: computing on cuda needs nvcc (the same rule as
+// any kernel), and keeping <cublasLt.h> (with cuda_fp16.h and cuda_bf16.h) out of
+// host-compiled files saves every user file a large share of its compile time.
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
 #include "../backend/cuda/cublaslt.hpp"
 #endif
 
@@ -497,7 +500,7 @@ void host_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
 
 // ---- cuda: cuBLASLt ------------------------------------------------------------------------------
 
-#if LOCUS_HAS_CUDA
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
 [[noreturn]] inline void throw_needs_nvcc(const std::string& what) {
   throw error("locus: " + what +
               " on cuda needs a locus kernel, and this file is compiled by a host compiler; "
@@ -634,8 +637,8 @@ void gemm_engine(const tensor_view<O, D, R>& c, const tensor_view<const T, D, R>
   const gemm_operand<O> co = output_operand(c, d);
   if constexpr (std::is_same_v<typename D::execution, host_execution>) {
     host_gemm_engine(co, a, b, bias, act, d);
-  } else {
-#if LOCUS_HAS_CUDA
+  } else if constexpr (require_kernel_compiler<D>()) {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
     cuda_gemm_engine(co, a, b, bias, act, d);
 #endif
   }
