@@ -501,24 +501,12 @@ void host_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
 // ---- cuda: cuBLASLt ------------------------------------------------------------------------------
 
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-[[noreturn]] inline void throw_needs_nvcc(const std::string& what) {
-  throw error("locus: " + what +
-              " on cuda needs a locus kernel, and this file is compiled by a host compiler; "
-              "call it from a .cu file (or mark the source LANGUAGE CUDA in CMake)");
-}
-
 /// A contiguous copy of a cuda view (a gather kernel: nvcc only).
 template <class T, class D, std::size_t R>
 tensor<std::remove_cv_t<T>, D, R> cuda_contiguous(const tensor_view<T, D, R>& v, const char* what) {
   using U = std::remove_cv_t<T>;
-  if constexpr (LOCUS_CUDA_COMPILER != 0) {
-    return tensor<U, D, R>(to_expr(v));
-  } else {
-    throw_needs_nvcc(std::string(what) + " of shape " + shape_string(v.shape()) + " with strides " +
-                     shape_string(v.strides()) +
-                     " (no BLAS layout: neither of the last two strides is 1) must be copied "
-                     "first, and that");
-  }
+  (void)what;
+  return tensor<U, D, R>(to_expr(v));
 }
 
 template <class O, class T, class D, std::size_t R>
@@ -532,10 +520,8 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
         LOCUS_CUDA_CHECK(cudaMemset2DAsync(c.p + bi * c.bs, static_cast<std::size_t>(c.rs) * sizeof(O), 0,
                                            static_cast<std::size_t>(d.n) * sizeof(O),
                                            static_cast<std::size_t>(d.m), current_stream()));
-    } else if constexpr (LOCUS_CUDA_COMPILER != 0) {
-      run_gemm_epilogue<D, O, O>(act, {nullptr, 0, 0, 0}, c, bias, d);
     } else {
-      throw_needs_nvcc("a matmul with an empty inner extent and a bias");
+      run_gemm_epilogue<D, O, O>(act, {nullptr, 0, 0, 0}, c, bias, d);
     }
     return;
   }
@@ -602,15 +588,8 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
   const bool need_bias = bias.p != nullptr && !bias_done;
   const bool need_act = act != activation::none && !act_done;
   if (need_bias || need_act) {
-    if constexpr (LOCUS_CUDA_COMPILER != 0) {
-      run_gemm_epilogue<D, O, O>(need_act ? act : activation::none, c_in, c,
-                                 need_bias ? bias : gemm_bias<O>{}, d);
-    } else {
-      throw_needs_nvcc(act == activation::gelu
-                           ? "linear with activation::gelu (exact, erf; cuBLASLt's fused GELU is "
-                             "activation::gelu_tanh, which works from any file)"
-                           : "a bias or activation cuBLASLt cannot fuse for these dtypes");
-    }
+    run_gemm_epilogue<D, O, O>(need_act ? act : activation::none, c_in, c,
+                               need_bias ? bias : gemm_bias<O>{}, d);
   }
 }
 #endif
