@@ -185,6 +185,21 @@ inline const char* reduce_name(reduce_kind k) {
   }
 }
 
+/// The multi-index of position o of a tensor of `shape` with axis `axis` removed,
+/// written into idx with idx[axis] = 0 (the start of the row an axis kernel walks).
+template <std::size_t R>
+LOCUS_HOST_DEVICE inline void unravel_except_axis(index_t o, const index_array<R>& shape,
+                                                  std::size_t axis, index_t* idx) {
+  for (std::size_t k = R; k-- > 0;) {
+    if (k == axis) {
+      idx[k] = 0;
+      continue;
+    }
+    idx[k] = o % shape.v[k];
+    o /= shape.v[k];
+  }
+}
+
 /// Per-output kernel for axis reductions: output o reduces `len` elements along `axis`.
 template <reduce_kind K, class T, class Ev, std::size_t R>
 struct axis_reduce_kernel {
@@ -198,15 +213,7 @@ struct axis_reduce_kernel {
   double correction;
   LOCUS_HOST_DEVICE void operator()(index_t o) const {
     index_t idx[R];
-    index_t rest = o;
-    for (std::size_t k = R; k-- > 0;) {
-      if (k == axis) {
-        idx[k] = 0;
-        continue;
-      }
-      idx[k] = rest % shape.v[k];
-      rest /= shape.v[k];
-    }
+    unravel_except_axis(o, shape, axis, idx);
     if constexpr (K == reduce_kind::argmax || K == reduce_kind::argmin) {
       arg_pair<A> best{static_cast<A>(ev.at_index(idx)), 0};
       for (index_t j = 1; j < len; ++j) {

@@ -26,15 +26,7 @@ struct softmax_row_kernel {
   LOCUS_HOST_DEVICE void operator()(index_t row) const {
     using C = compute_t<T>;
     index_t idx[R];
-    index_t rest = row;
-    for (std::size_t k = R; k-- > 0;) {
-      if (k == axis) {
-        idx[k] = 0;
-        continue;
-      }
-      idx[k] = rest % shape.v[k];
-      rest /= shape.v[k];
-    }
+    unravel_except_axis(row, shape, axis, idx);
     index_t base = 0;
     for (std::size_t k = 0; k < R; ++k) base += idx[k] * ost.v[k];
     const index_t len = shape.v[axis], step = ost.v[axis];
