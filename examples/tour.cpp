@@ -5,6 +5,7 @@
 // launches kernels.
 #include <locus/locus.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -22,16 +23,22 @@ int main(int argc, char** argv) {
     locus::tensor<float, D, 2> w = locus::rand<float, D>({784, 10}, /*seed=*/7, -0.05, 0.05);
     auto batch = x.slice(0, 32);  // a view of the first 32 rows, no copy
 
+    // Lazy expressions fuse into one kernel; matmul, softmax and reductions run on D.
+    locus::tensor<float, D, 2> xn = locus::tanh(batch * 0.5f) + 0.1f;  // one pass
+    auto logits = locus::matmul(xn, w);                                  // [32, 10]
+    auto probs = locus::softmax(logits, 1);
+    auto predicted = locus::argmax(probs, 1);                            // i64 [32]
+    auto total = locus::sum(probs);                                      // rank 0, on D
+
     // Results reach the host only through an explicit transfer.
-    locus::tensor<float, locus::cpu, 2> xb = locus::to<locus::cpu>(batch);
-    locus::tensor<float, locus::cpu, 2> wh = locus::to<locus::cpu>(w);
-    double logit00 = 0, sq = 0;
-    for (locus::index_t k = 0; k < 784; ++k) logit00 += double(xb(0, k)) * wh(k, 0);
-    for (float v : xb.span()) sq += double(v) * v;
-    std::printf("x: %lld x %lld, batch %lld x %lld, mean square %.4f (randn: about 1)\n",
-                (long long)x.extent(0), (long long)x.extent(1), (long long)xb.extent(0),
-                (long long)xb.extent(1), sq / double(xb.numel()));
-    std::printf("logit[0][0] = %.6f\n", logit00);
+    locus::tensor<float, locus::cpu, 2> ph = locus::to<locus::cpu>(probs);
+    locus::tensor<std::int64_t, locus::cpu, 1> yh = locus::to<locus::cpu>(predicted);
+    std::printf("x: %lld x %lld, batch %lld x %lld, logits %lld x %lld\n", (long long)x.extent(0),
+                (long long)x.extent(1), (long long)batch.extent(0), (long long)batch.extent(1),
+                (long long)logits.extent(0), (long long)logits.extent(1));
+    std::printf("sample 0: class %lld with p = %.4f; probabilities sum to %.4f over %lld rows\n",
+                (long long)yh(0), ph(0, yh(0)), locus::to<locus::cpu>(total).item(),
+                (long long)ph.extent(0));
 
     // Memory statistics of the device the work ran on.
     const auto s = locus::memory_stats<D>();
