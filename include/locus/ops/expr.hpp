@@ -11,7 +11,6 @@
 // keep named tensors).
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -218,7 +217,8 @@ template <class C, class A, class B>
 struct where_expr : expression_tag {
   using value_type = typename A::value_type;
   using device = common_device_t<typename C::device, common_device_t<typename A::device, typename B::device>>;
-  static constexpr std::size_t rank = std::max({C::rank, A::rank, B::rank});
+  static constexpr std::size_t rank =
+      C::rank > A::rank ? (C::rank > B::rank ? C::rank : B::rank) : (A::rank > B::rank ? A::rank : B::rank);
   C c;
   A a;
   B b;

@@ -7,8 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <ranges>
 #include <cstring>
+#include <iterator>
 #include <span>
 #include <type_traits>
 
@@ -175,17 +175,27 @@ template <Device D, Dtype T, std::size_t R>
 tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const index_t (&shape)[R]) {
   return from_host<D>(data, detail::to_extents(shape));
 }
-/// Any contiguous range (std::vector, std::array, ...).
-template <Device D, std::ranges::contiguous_range Range, std::size_t R>
-  requires Dtype<std::ranges::range_value_t<Range>>
+namespace detail {
+/// A container with contiguous storage and data()/size() (std::vector, std::array, ...);
+/// spelled with std::data/std::size rather than <ranges>, which is costly to compile.
+template <class C>
+concept HostContainer = requires(const C& c) {
+  { std::data(c) } -> std::convertible_to<const void*>;
+  { std::size(c) } -> std::convertible_to<std::size_t>;
+} && Dtype<std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>>;
+template <class C>
+using container_value_t = std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>;
+}  // namespace detail
+
+/// Any contiguous container (std::vector, std::array, ...).
+template <Device D, detail::HostContainer Range, std::size_t R>
 auto from_host(const Range& data, const index_t (&shape)[R]) {
-  return from_host<D>(std::span<const std::ranges::range_value_t<Range>>(std::ranges::data(data), std::ranges::size(data)),
+  return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
                       detail::to_extents(shape));
 }
-template <Device D, std::ranges::contiguous_range Range, std::size_t R>
-  requires Dtype<std::ranges::range_value_t<Range>>
+template <Device D, detail::HostContainer Range, std::size_t R>
 auto from_host(const Range& data, const extents<R>& shape) {
-  return from_host<D>(std::span<const std::ranges::range_value_t<Range>>(std::ranges::data(data), std::ranges::size(data)),
+  return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
                       shape);
 }
 
