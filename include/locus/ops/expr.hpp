@@ -277,14 +277,6 @@ auto to_expr(const X& x) {
 template <class X>
 using expr_of_t = decltype(to_expr(std::declval<const X&>()));
 
-template <class T, class V>
-LOCUS_HOST_DEVICE T scalar_cast_to(V v) {
-  if constexpr (std::is_same_v<T, V>) return v;
-  else if constexpr (is_half_v<T>) return T(static_cast<float>(v));
-  else if constexpr (is_half_v<V>) return static_cast<T>(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != V{};
-  else return static_cast<T>(v);
-}
 
 /// Checks the device and dtype rules for two operands (either may be a scalar).
 template <class EA, class EB>
@@ -310,12 +302,12 @@ auto make_binary(const A& a, const B& b) {
     using EB = expr_of_t<B>;
     using T = typename EB::value_type;
     using R = std::conditional_t<Compare, bool, T>;
-    return binary_expr<Op, scalar_expr<T>, EB, R>(Op{}, scalar_expr<T>{{}, load(scalar_cast_to<T>(a))}, to_expr(b));
+    return binary_expr<Op, scalar_expr<T>, EB, R>(Op{}, scalar_expr<T>{{}, load(scalar_cast<T>(a))}, to_expr(b));
   } else if constexpr (is_scalar_v<B>) {
     using EA = expr_of_t<A>;
     using T = typename EA::value_type;
     using R = std::conditional_t<Compare, bool, T>;
-    return binary_expr<Op, EA, scalar_expr<T>, R>(Op{}, to_expr(a), scalar_expr<T>{{}, load(scalar_cast_to<T>(b))});
+    return binary_expr<Op, EA, scalar_expr<T>, R>(Op{}, to_expr(a), scalar_expr<T>{{}, load(scalar_cast<T>(b))});
   } else {
     using EA = expr_of_t<A>;
     using EB = expr_of_t<B>;
@@ -565,7 +557,7 @@ auto where(const C& cond, const A& a, const B& b) {
       using T = typename EA::value_type;
       if constexpr (d::require_same_operand_device<typename EC::device, typename EA::device>())
         return d::where_expr<EC, EA, d::scalar_expr<T>>(
-            d::to_expr(cond), d::to_expr(a), d::scalar_expr<T>{{}, d::load(d::scalar_cast_to<T>(b))});
+            d::to_expr(cond), d::to_expr(a), d::scalar_expr<T>{{}, d::load(d::scalar_cast<T>(b))});
       else
         return d::invalid_expr{};
     } else if constexpr (d::is_scalar_v<A>) {
@@ -573,7 +565,7 @@ auto where(const C& cond, const A& a, const B& b) {
       using T = typename EB::value_type;
       if constexpr (d::require_same_operand_device<typename EC::device, typename EB::device>())
         return d::where_expr<EC, d::scalar_expr<T>, EB>(
-            d::to_expr(cond), d::scalar_expr<T>{{}, d::load(d::scalar_cast_to<T>(a))}, d::to_expr(b));
+            d::to_expr(cond), d::scalar_expr<T>{{}, d::load(d::scalar_cast<T>(a))}, d::to_expr(b));
       else
         return d::invalid_expr{};
     } else {

@@ -31,6 +31,16 @@ LOCUS_HOST_DEVICE inline T store(C v) {
   else return static_cast<T>(v);
 }
 
+/// An arithmetic (or f16/bf16) scalar converted to dtype T.
+template <class T, class V>
+LOCUS_HOST_DEVICE T scalar_cast(V v) {
+  if constexpr (std::is_same_v<T, V>) return v;
+  else if constexpr (is_half_v<T>) return T(static_cast<float>(v));
+  else if constexpr (is_half_v<V>) return static_cast<T>(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != V{};
+  else return static_cast<T>(v);
+}
+
 // One overload set per function, float and double, mapping to the C library names that
 // exist on both host and device.
 #define LOCUS_DETAIL_MATH1(NAME, FN)                                         \

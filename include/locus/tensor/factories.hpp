@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "../backend/launch.hpp"
+#include "../ops/math.hpp"
 #include "../ops/random.hpp"
 #include "tensor.hpp"
 
@@ -20,14 +21,6 @@ namespace locus {
 
 namespace detail {
 
-/// A scalar of arithmetic type (or already T) converted to dtype T.
-template <class T, class V>
-LOCUS_HOST_DEVICE T scalar_cast(V v) {
-  if constexpr (std::is_same_v<T, V>) return v;
-  else if constexpr (is_half_v<T>) return T(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != V{};
-  else return static_cast<T>(v);
-}
 
 template <class T>
 struct fill_value {
