@@ -134,6 +134,20 @@ if(NOT TARGET locus::zlib)
   endif()
 endif()
 
+# nlohmann-json for safetensors checkpoints (locus/io/safetensors.hpp, locus/train.hpp).
+# The imported target locus::json carries LOCUS_HAS_JSON=1; linked like locus::zlib.
+if(NOT TARGET locus::json)
+  find_package(nlohmann_json 3 QUIET)
+  if(nlohmann_json_FOUND)
+    add_library(locus::json INTERFACE IMPORTED)
+    target_link_libraries(locus::json INTERFACE nlohmann_json::nlohmann_json)
+    target_compile_definitions(locus::json INTERFACE LOCUS_HAS_JSON=1)
+  else()
+    message(STATUS "locus: nlohmann-json not found; checkpoints (locus/io/safetensors.hpp) "
+                   "are unavailable (Debian: nlohmann-json3-dev)")
+  endif()
+endif()
+
 function(locus_link_dependencies target)
   target_link_libraries(${target} INTERFACE CCCL::CCCL)
   if(OpenMP_CXX_FOUND)
@@ -144,7 +158,8 @@ function(locus_link_dependencies target)
   endif()
   # Exported as written: the consumer's locus-dependencies.cmake decides whether it exists.
   target_link_libraries(${target} INTERFACE $<TARGET_NAME_IF_EXISTS:locus::blas>
-                                            $<TARGET_NAME_IF_EXISTS:locus::zlib>)
+                                            $<TARGET_NAME_IF_EXISTS:locus::zlib>
+                                            $<TARGET_NAME_IF_EXISTS:locus::json>)
   if(LOCUS_CUDA_FOUND)
     target_compile_definitions(${target} INTERFACE LOCUS_ENABLE_CUDA=1)
     target_link_libraries(${target} INTERFACE CUDA::cudart CUDA::cublasLt)

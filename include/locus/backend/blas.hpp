@@ -123,10 +123,12 @@ struct gemm_fallback_rows {
   index_t ldb;
   T* c;  // unit column stride
   index_t ldc;
+  bool accumulate;  // C += A * B instead of C = A * B
 
   void operator()(index_t block) const {
     const index_t i0 = block * gemm_mc, i1 = std::min(m, i0 + gemm_mc);
-    for (index_t i = i0; i < i1; ++i) std::fill_n(c + i * ldc, n, T(0));
+    if (!accumulate)
+      for (index_t i = i0; i < i1; ++i) std::fill_n(c + i * ldc, n, T(0));
     for (index_t k0 = 0; k0 < k; k0 += gemm_kc) {
       const index_t kb = std::min(gemm_kc, k - k0);
       for (index_t j0 = 0; j0 < n; j0 += gemm_nr) {
@@ -148,11 +150,12 @@ struct gemm_fallback_rows {
 
 /// C = A * B for an m x k matrix A with strides (a_rs, a_cs), a k x n matrix B with
 /// strides (b_rs, b_cs) and an m x n matrix C with row stride ldc and unit column
-/// stride; accumulates in T. Correct for every layout, several times slower than a
+/// stride (C += A * B with accumulate); accumulates in T. Correct for every layout, several times slower than a
 /// tuned BLAS: the path taken without BLAS, and tested in every build.
 template <class T>
 void gemm_fallback(index_t m, index_t n, index_t k, const T* a, index_t a_rs, index_t a_cs,
-                   const T* b, index_t b_rs, index_t b_cs, T* c, index_t ldc) {
+                   const T* b, index_t b_rs, index_t b_cs, T* c, index_t ldc,
+                   bool accumulate = false) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "locus: the fallback GEMM computes in f32 or f64");
   if (m <= 0 || n <= 0) return;
@@ -166,7 +169,7 @@ void gemm_fallback(index_t m, index_t n, index_t k, const T* a, index_t a_rs, in
     b = dst;
     b_rs = n;
   }
-  const gemm_fallback_rows<T> task{m, n, k, a, a_rs, a_cs, b, b_rs, c, ldc};
+  const gemm_fallback_rows<T> task{m, n, k, a, a_rs, a_cs, b, b_rs, c, ldc, accumulate};
   const index_t blocks = (m + gemm_mc - 1) / gemm_mc;
 #if defined(_OPENMP)
   const bool parallel = blocks > 1 && m * n * std::max<index_t>(k, 1) >= (index_t{1} << 18);
@@ -181,14 +184,14 @@ void gemm_fallback(index_t m, index_t n, index_t k, const T* a, index_t a_rs, in
 
 #if LOCUS_HAS_BLAS
 inline void blas_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda,
-                      const float* b, int ldb, float* c, int ldc) {
+                      const float* b, int ldb, float* c, int ldc, bool accumulate) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+              k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
 }
 inline void blas_gemm(bool ta, bool tb, int m, int n, int k, const double* a, int lda,
-                      const double* b, int ldb, double* c, int ldc) {
+                      const double* b, int ldb, double* c, int ldc, bool accumulate) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+              k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0, c, ldc);
 }
 #endif
 
@@ -209,13 +212,13 @@ tensor<T, cpu, 3> contiguous_host_copy(const gemm_operand<const T>& x, index_t b
   return out;
 }
 
-/// C[b] = A[b] * B[b] for b in [0, batch) on the host, in T (f32 or f64). A and B may
+/// C[b] = A[b] * B[b] (C[b] += with accumulate) for b in [0, batch) on the host, in T (f32 or f64). A and B may
 /// have any strides; C has unit column stride and non-overlapping rows. BLAS when the
 /// build has it (operands that map onto a BLAS layout are passed as they are, others are
 /// copied to contiguous memory first), the blocked fallback otherwise.
 template <class T>
 void host_gemm(index_t batch, index_t m, index_t n, index_t k, gemm_operand<const T> a,
-               gemm_operand<const T> b, gemm_operand<T> c) {
+               gemm_operand<const T> b, gemm_operand<T> c, bool accumulate = false) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "locus: host GEMMs compute in f32 or f64");
   if (batch <= 0 || m <= 0 || n <= 0) return;
@@ -240,13 +243,13 @@ void host_gemm(index_t batch, index_t m, index_t n, index_t k, gemm_operand<cons
               ldc_i = blas_int(ldc, "leading dimension");
     for (index_t bi = 0; bi < batch; ++bi)
       blas_gemm(la->trans, lb->trans, im, in, ik, a.p + bi * a.bs, lda, b.p + bi * b.bs, ldb,
-                c.p + bi * c.bs, ldc_i);
+                c.p + bi * c.bs, ldc_i, accumulate);
     return;
   }
 #endif
   for (index_t bi = 0; bi < batch; ++bi)
     gemm_fallback(m, n, k, a.p + bi * a.bs, a.rs, a.cs, b.p + bi * b.bs, b.rs, b.cs,
-                  c.p + bi * c.bs, c.rs);
+                  c.p + bi * c.bs, c.rs, accumulate);
 }
 
 }  // namespace locus::detail

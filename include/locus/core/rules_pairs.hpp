@@ -885,4 +885,120 @@ constexpr bool require_assign_device() {
     return false;
   }
 }
+
+// Prevents: 'Expected all tensors to be on the same device' at the first training step (B: batch, M: model).
+template <class B, class M>
+constexpr bool require_batch_on_model_device() {
+  if constexpr (std::is_same_v<B, M>) {
+    return true;
+  } else if constexpr (std::is_same_v<B, cpu> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<B>, "locus: the batch lives on cpu but the model on pinned; model, batch and labels share one device: move the batch with locus::to<locus::pinned>(x) or build the loader as locus::data::loader<locus::pinned>");
+    return false;
+  } else if constexpr (std::is_same_v<B, cpu> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<B>, "locus: the batch lives on cpu but the model on cuda; model, batch and labels share one device: move the batch with locus::to<locus::cuda>(x) or build the loader as locus::data::loader<locus::cuda>");
+    return false;
+  } else if constexpr (std::is_same_v<B, pinned> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<B>, "locus: the batch lives on pinned but the model on cpu; model, batch and labels share one device: move the batch with locus::to<locus::cpu>(x) or build the loader as locus::data::loader<locus::cpu>");
+    return false;
+  } else if constexpr (std::is_same_v<B, pinned> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<B>, "locus: the batch lives on pinned but the model on cuda; model, batch and labels share one device: move the batch with locus::to<locus::cuda>(x) or build the loader as locus::data::loader<locus::cuda>");
+    return false;
+  } else if constexpr (std::is_same_v<B, cuda> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<B>, "locus: the batch lives on cuda but the model on cpu; model, batch and labels share one device: move the batch with locus::to<locus::cpu>(x) or build the loader as locus::data::loader<locus::cpu>");
+    return false;
+  } else if constexpr (std::is_same_v<B, cuda> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<B>, "locus: the batch lives on cuda but the model on pinned; model, batch and labels share one device: move the batch with locus::to<locus::pinned>(x) or build the loader as locus::data::loader<locus::pinned>");
+    return false;
+  } else {
+    static_assert(always_false<B>, "locus: the batch lives on another device than the model; move it with locus::to<D>(x)");
+    return false;
+  }
+}
+
+// Prevents: optimizer state left on another device than the model (O: optimizer, M: model).
+template <class O, class M>
+constexpr bool require_optimizer_on_model_device() {
+  if constexpr (std::is_same_v<O, M>) {
+    return true;
+  } else if constexpr (std::is_same_v<O, cpu> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on cpu but the model lives on pinned; build it for the model's device: locus::optim::adamw<locus::pinned> (or sgd<locus::pinned>)");
+    return false;
+  } else if constexpr (std::is_same_v<O, cpu> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on cpu but the model lives on cuda; build it for the model's device: locus::optim::adamw<locus::cuda> (or sgd<locus::cuda>)");
+    return false;
+  } else if constexpr (std::is_same_v<O, pinned> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on pinned but the model lives on cpu; build it for the model's device: locus::optim::adamw<locus::cpu> (or sgd<locus::cpu>)");
+    return false;
+  } else if constexpr (std::is_same_v<O, pinned> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on pinned but the model lives on cuda; build it for the model's device: locus::optim::adamw<locus::cuda> (or sgd<locus::cuda>)");
+    return false;
+  } else if constexpr (std::is_same_v<O, cuda> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on cuda but the model lives on cpu; build it for the model's device: locus::optim::adamw<locus::cpu> (or sgd<locus::cpu>)");
+    return false;
+  } else if constexpr (std::is_same_v<O, cuda> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<O>, "locus: the optimizer keeps its state on cuda but the model lives on pinned; build it for the model's device: locus::optim::adamw<locus::pinned> (or sgd<locus::pinned>)");
+    return false;
+  } else {
+    static_assert(always_false<O>, "locus: the optimizer is built for another device than the model");
+    return false;
+  }
+}
+
+// Prevents: a loss scale that must cross devices every step (S: scaler, M: model).
+template <class S, class M>
+constexpr bool require_scaler_on_model_device() {
+  if constexpr (std::is_same_v<S, M>) {
+    return true;
+  } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on cpu but the model on pinned; build it as locus::amp::grad_scaler<locus::pinned>");
+    return false;
+  } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on cpu but the model on cuda; build it as locus::amp::grad_scaler<locus::cuda>");
+    return false;
+  } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on pinned but the model on cpu; build it as locus::amp::grad_scaler<locus::cpu>");
+    return false;
+  } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<M, cuda>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on pinned but the model on cuda; build it as locus::amp::grad_scaler<locus::cuda>");
+    return false;
+  } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<M, cpu>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on cuda but the model on cpu; build it as locus::amp::grad_scaler<locus::cpu>");
+    return false;
+  } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<M, pinned>) {
+    static_assert(always_false<S>, "locus: the grad scaler lives on cuda but the model on pinned; build it as locus::amp::grad_scaler<locus::pinned>");
+    return false;
+  } else {
+    static_assert(always_false<S>, "locus: the grad scaler is built for another device than the model");
+    return false;
+  }
+}
+
+// Prevents: a model split across devices by accident (A: first layer, B: another layer).
+template <class A, class B>
+constexpr bool require_layers_same_device() {
+  if constexpr (std::is_same_v<A, B>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<B, pinned>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on cpu and pinned; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<B, cuda>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on cpu and cuda; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<B, cpu>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on pinned and cpu; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<B, cuda>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on pinned and cuda; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<B, cpu>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on cuda and cpu; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<B, pinned>) {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on cuda and pinned; every layer of one model lives on one device: build them all with the same device parameter");
+    return false;
+  } else {
+    static_assert(always_false<A>, "locus: a sequential model mixes layers on different devices");
+    return false;
+  }
+}
 }  // namespace locus::detail

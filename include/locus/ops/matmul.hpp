@@ -471,13 +471,14 @@ tensor<float, cpu, 3> widen_to_f32(const tensor_view<const T, D, R>& v, index_t 
 template <class O, class T, class D, std::size_t R>
 void host_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>& a,
                       const tensor_view<const T, D, R>& b, gemm_bias<O> bias, activation act,
-                      const matmul_dims& d) {
+                      const matmul_dims& d, bool accumulate) {
   const bool epilogue = bias.p != nullptr || act != activation::none;
   const gemm_operand<const O> c_in{c.p, c.bs, c.rs, c.cs};
+  if (accumulate && d.k == 0) return;  // c += nothing
   if (d.k == 0) {
     run_gemm_epilogue<D, O, O>(act, {nullptr, 0, 0, 0}, c, bias, d);
   } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    host_gemm<T>(d.batch, d.m, d.n, d.k, operand_of(a), operand_of(b), c);
+    host_gemm<T>(d.batch, d.m, d.n, d.k, operand_of(a), operand_of(b), c, accumulate);
     if (epilogue) run_gemm_epilogue<D, O, O>(act, c_in, c, bias, d);
   } else {
     // f16 / bf16: widen to f32, multiply in f32, then one pass adds the bias, applies the
@@ -487,7 +488,7 @@ void host_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
     const gemm_operand<const float> ao{af.data_handle(), d.m * d.k, d.k, 1};
     const gemm_operand<const float> bo{bf.data_handle(), d.k * d.n, d.n, 1};
     if constexpr (std::is_same_v<O, float>) {
-      host_gemm<float>(d.batch, d.m, d.n, d.k, ao, bo, c);
+      host_gemm<float>(d.batch, d.m, d.n, d.k, ao, bo, c, accumulate);
       if (epilogue) run_gemm_epilogue<D, float, float>(act, c_in, c, bias, d);
     } else {
       tensor<float, cpu, 3> cf(extents<3>{d.batch, d.m, d.n});
@@ -512,8 +513,9 @@ tensor<std::remove_cv_t<T>, D, R> cuda_contiguous(const tensor_view<T, D, R>& v,
 template <class O, class T, class D, std::size_t R>
 void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>& a,
                       const tensor_view<const T, D, R>& b, gemm_bias<O> bias, activation act,
-                      const matmul_dims& d) {
+                      const matmul_dims& d, bool accumulate) {
   const gemm_operand<const O> c_in{c.p, c.bs, c.rs, c.cs};
+  if (accumulate && d.k == 0) return;  // c += nothing
   if (d.k == 0) {
     if (!bias.p) {  // every activation maps 0 to 0
       for (index_t bi = 0; bi < d.batch; ++bi)
@@ -564,7 +566,7 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
   else if (bias.p) epi = CUBLASLT_EPILOGUE_BIAS;
 
   cublaslt_gemm_args g{cublaslt_type<T>(), cublaslt_type<O>(), compute, scale, d.batch, d.m, d.n, d.k,
-                       ao.p, *la, ao.bs, bo.p, *lb, bo.bs, c.p, c.rs, c.bs, epi, bias.p};
+                       ao.p, *la, ao.bs, bo.p, *lb, bo.bs, c.p, c.rs, c.bs, epi, bias.p, accumulate};
   bool bias_done = bias.p != nullptr, act_done = fuse_act;
   if (!cublaslt_gemm(g)) {
     const std::string problem = "batch " + std::to_string(d.batch) + ", m " + std::to_string(d.m) +
@@ -594,13 +596,14 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
 }
 #endif
 
-/// c = act(a b + bias) for validated shapes d: picks the device's backend. Computes into
-/// a temporary first when c cannot take the GEMM's output directly (strided columns,
-/// overlapping rows) or overlaps an operand.
+/// c = act(a b + bias) for validated shapes d (c += a b with accumulate, which takes no
+/// bias or activation): picks the device's backend. Computes into a temporary first when
+/// c cannot take the GEMM's output directly (strided columns, overlapping rows) or
+/// overlaps an operand.
 template <class O, class T, class D, std::size_t R>
 void gemm_engine(const tensor_view<O, D, R>& c, const tensor_view<const T, D, R>& a,
                  const tensor_view<const T, D, R>& b, gemm_bias<O> bias, activation act,
-                 const matmul_dims& d) {
+                 const matmul_dims& d, bool accumulate = false) {
   if (d.batch == 0 || d.m == 0 || d.n == 0) return;
   const byte_range rc = range_of(c);
   const bool bias_overlaps =
@@ -609,16 +612,17 @@ void gemm_engine(const tensor_view<O, D, R>& c, const tensor_view<const T, D, R>
   if (!gemm_output_ok(c, d) || ranges_overlap(rc, range_of(a)) || ranges_overlap(rc, range_of(b)) ||
       bias_overlaps) {
     tensor<O, D, R> tmp(c.shape());
-    gemm_engine(tmp.view(), a, b, bias, act, d);
+    if (accumulate) copy(c, tmp);
+    gemm_engine(tmp.view(), a, b, bias, act, d, accumulate);
     copy(tmp, c);
     return;
   }
   const gemm_operand<O> co = output_operand(c, d);
   if constexpr (std::is_same_v<typename D::execution, host_execution>) {
-    host_gemm_engine(co, a, b, bias, act, d);
+    host_gemm_engine(co, a, b, bias, act, d, accumulate);
   } else if constexpr (require_kernel_compiler<D>()) {
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-    cuda_gemm_engine(co, a, b, bias, act, d);
+    cuda_gemm_engine(co, a, b, bias, act, d, accumulate);
 #endif
   }
 }
@@ -684,11 +688,42 @@ auto matmul(const A& a, const B& b) {
   }
 }
 
+/// Tag for matmul_into(c, a, b, locus::accumulate): c += a b (BLAS's beta = 1), as
+/// gradient accumulation needs, without a temporary for the product.
+struct accumulate_t {
+  explicit accumulate_t() = default;
+};
+inline constexpr accumulate_t accumulate{};
+
+namespace detail {
+template <class C, class A, class B>
+void matmul_into_impl(C&& c, const A& a, const B& b, bool accum);
+}  // namespace detail
+
 /// matmul(a, b) written into an existing tensor or view (no allocation when c can take
 /// the GEMM's output directly). c's dtype is the output dtype (the inputs', or f32 for
 /// f16/bf16 inputs). A shape mismatch throws shape_error and leaves c unchanged.
 template <class C, class A, class B>
 void matmul_into(C&& c, const A& a, const B& b) {
+  detail::matmul_into_impl(std::forward<C>(c), a, b, false);
+}
+
+/// c += matmul(a, b): accumulates into c (f32 or f64; f16/bf16 operands accumulate into
+/// an f32 c). A shape mismatch throws shape_error and leaves c unchanged.
+template <class C, class A, class B>
+void matmul_into(C&& c, const A& a, const B& b, accumulate_t) {
+  using O = typename detail::tensor_traits<std::remove_cvref_t<C>>::value_type;
+  static_assert(std::is_same_v<O, float> || std::is_same_v<O, double>,
+                "locus: matmul_into(..., locus::accumulate) adds into an f32 or f64 destination "
+                "(f16/bf16 operands accumulate into f32); accumulating into f16/bf16 would round "
+                "every partial sum");
+  if constexpr (std::is_same_v<O, float> || std::is_same_v<O, double>)
+    detail::matmul_into_impl(std::forward<C>(c), a, b, true);
+}
+
+namespace detail {
+template <class C, class A, class B>
+void matmul_into_impl(C&& c, const A& a, const B& b, bool accum) {
   using XC = std::remove_cvref_t<C>;
   if constexpr (!TensorLike<XC>) {
     static_assert(detail::always_false<C>, "locus: matmul_into writes into a tensor or tensor_view");
@@ -710,11 +745,12 @@ void matmul_into(C&& c, const A& a, const B& b) {
         detail::check_destination_shape(
             "matmul", "shapes " + detail::shape_string(av.shape()) + " and " + detail::shape_string(bv.shape()),
             detail::matmul_result_shape<R>(d), cv.shape());
-        detail::gemm_engine(cv, av, bv, detail::gemm_bias<O>{}, activation::none, d);
+        detail::gemm_engine(cv, av, bv, detail::gemm_bias<O>{}, activation::none, d, accum);
       }
     }
   }
 }
+}  // namespace detail
 
 namespace detail {
 template <class OutT, class X, class W, class Bv, bool HasBias>

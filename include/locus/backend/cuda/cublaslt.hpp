@@ -202,6 +202,7 @@ struct cublaslt_gemm_args {
   index_t ldd, d_bs;  // unit column stride
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;  // n values of dtype d_type, unit stride
+  bool accumulate = false;     // D = A B + D (beta 1)
 };
 
 /// Heuristic results, per device and problem.
@@ -281,8 +282,8 @@ inline bool cublaslt_gemm(const cublaslt_gemm_args& g) {
     cache.emplace(key, algo);
   }
 
-  const float alpha32 = 1.0f, beta32 = 0.0f;
-  const double alpha64 = 1.0, beta64 = 0.0;
+  const float alpha32 = 1.0f, beta32 = g.accumulate ? 1.0f : 0.0f;
+  const double alpha64 = 1.0, beta64 = g.accumulate ? 1.0 : 0.0;
   const bool f64 = g.scale == CUDA_R_64F;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
   const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);

@@ -1,0 +1,124 @@
+// Dynamic loss scaling (what torch.amp.GradScaler does, kept entirely on the device).
+//
+//   locus::amp::grad_scaler<locus::cuda> scaler;           // scale 65536, x2 every 2000 clean steps
+//   loss.forward(logits, labels, scaler.scale_ptr());       // gradients of scale * loss
+//   model.backward(loss.grad());
+//   scaler.unscale(model.parameters());  // one pass: g /= scale, and a non-finite check
+//   opt.step(scaler.state());            // skipped on the device if a gradient overflowed
+//   scaler.update();                     // back off on overflow, grow after N clean steps
+//
+// The scale, the growth tracker and the overflow flag live in device memory, so none of
+// these calls waits for the GPU; scale() and skipped_steps() read them back when asked.
+// train::trainer makes these calls; its checkpoints hold the scaler's state.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../core/error.hpp"
+#include "../nn/kernels.hpp"
+#include "../nn/parameters.hpp"
+#include "../tensor/factories.hpp"
+#include "../transfer/copy.hpp"
+
+namespace locus::amp {
+
+struct grad_scaler_options {
+  float init_scale = 65536.0f;  ///< 2^16, as PyTorch
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;  ///< clean steps before the scale grows
+};
+
+template <Device D>
+class grad_scaler {
+ public:
+  using device = D;
+
+  explicit grad_scaler(grad_scaler_options o = {}) : o_(o) {
+    if (!(o.init_scale > 0.0f) || !(o.growth_factor > 1.0f) || !(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f) ||
+        o.growth_interval < 1)
+      throw std::invalid_argument(
+          "locus: grad_scaler needs init_scale > 0, growth_factor > 1, backoff_factor in (0, 1) and "
+          "growth_interval >= 1");
+    detail::step_state s{};
+    s.scale = o.init_scale;
+    state_ = tensor<std::int64_t, D, 1>(extents<1>{words});
+    write(s);
+  }
+
+  /// The device-side loss scale, for losses to multiply their gradient by.
+  [[nodiscard]] const float* scale_ptr() const noexcept {
+    return &reinterpret_cast<const detail::step_state*>(state_.data_handle())->scale;
+  }
+  /// The device-side state the optimizer's step reads (skip on overflow).
+  [[nodiscard]] detail::step_state* state() noexcept {
+    return reinterpret_cast<detail::step_state*>(state_.data_handle());
+  }
+
+  /// Divides every gradient by the scale and checks them all for inf and NaN: one pass
+  /// over the model's flat gradient buffer.
+  template <Device MD, class Policy>
+  void unscale(nn::parameter_store<MD, Policy>& params) {
+    static_assert(detail::require_scaler_on_model_device<D, MD>());
+    if constexpr (std::is_same_v<D, MD>) {
+      detail::launch_n<D>(1, detail::check_begin_kernel{state()});
+      detail::launch_n<D>(params.size(), detail::check_grads_kernel<typename Policy::master>{
+                                             params.grad().data_handle(), state(), nullptr, nullptr, 0, true});
+    }
+  }
+
+  /// After the optimizer step: halves the scale (backoff_factor) after an overflow,
+  /// doubles it (growth_factor) after growth_interval clean steps.
+  void update() {
+    detail::launch_n<D>(1, detail::scaler_update_kernel{state(), o_.growth_factor, o_.backoff_factor,
+                                                        static_cast<float>(o_.growth_interval)});
+  }
+
+  [[nodiscard]] const grad_scaler_options& options() const noexcept { return o_; }
+  /// The current scale (reads the state back from D).
+  [[nodiscard]] float scale() const { return read().scale; }
+  /// Clean steps since the scale last changed.
+  [[nodiscard]] int growth_tracker() const { return static_cast<int>(read().growth_tracker); }
+  /// Optimizer steps skipped because of an overflow.
+  [[nodiscard]] std::int64_t skipped_steps() const { return read().skipped; }
+
+  /// Checkpoint state: [scale, growth_tracker, skipped] as f32.
+  [[nodiscard]] tensor<float, cpu, 1> state_dict() const {
+    const detail::step_state s = read();
+    tensor<float, cpu, 1> t(extents<1>{3});
+    t(0) = s.scale;
+    t(1) = s.growth_tracker;
+    t(2) = static_cast<float>(s.skipped);
+    return t;
+  }
+  void load_state_dict(const tensor_view<const float, cpu, 1>& t) {
+    if (t.numel() != 3)
+      throw shape_error("locus: grad_scaler state has " + std::to_string(t.numel()) + " values; expected 3");
+    detail::step_state s{};
+    s.scale = t(0);
+    s.growth_tracker = t(1);
+    s.skipped = static_cast<std::int64_t>(t(2));
+    write(s);
+  }
+
+ private:
+  static constexpr index_t words = (sizeof(detail::step_state) + 7) / 8;
+
+  detail::step_state read() const {
+    const auto h = to<cpu>(state_);
+    detail::step_state s;
+    std::memcpy(&s, h.data_handle(), sizeof s);
+    return s;
+  }
+  void write(const detail::step_state& s) {
+    tensor<std::int64_t, cpu, 1> h = zeros<std::int64_t, cpu>(extents<1>{words});
+    std::memcpy(h.data_handle(), &s, sizeof s);
+    copy(h, state_);
+  }
+
+  grad_scaler_options o_;
+  tensor<std::int64_t, D, 1> state_;
+};
+
+}  // namespace locus::amp

@@ -1,0 +1,91 @@
+// Precision policies: types that name the dtype a model computes in and the dtype of
+// its master weights (the copy the optimizer updates).
+//
+//   amp::fp32        compute f32,  master f32
+//   amp::bf16_mixed  compute bf16, master f32  (bf16 has f32's range: no loss scaling)
+//   amp::fp16_mixed  compute f16,  master f32  (needs a grad_scaler: f16 gradients
+//                                               underflow without loss scaling)
+//   amp::fp64        compute f64,  master f64  (gradient checks and numerics)
+//
+// A policy is any type with `compute`, `master`, `requires_loss_scaling` and `name`;
+// check_policy<P>() rejects master weights in f16 or bf16 at compile time.
+#pragma once
+
+#include <string_view>
+#include <type_traits>
+
+#include "../core/dtype.hpp"
+#include "../core/rules.hpp"
+
+namespace locus::amp {
+
+struct fp32 {
+  using compute = float;
+  using master = float;
+  static constexpr bool requires_loss_scaling = false;
+  static constexpr std::string_view name = "fp32";
+};
+
+struct bf16_mixed {
+  using compute = ::locus::bf16;
+  using master = float;
+  static constexpr bool requires_loss_scaling = false;
+  static constexpr std::string_view name = "bf16";
+};
+
+struct fp16_mixed {
+  using compute = ::locus::f16;
+  using master = float;
+  static constexpr bool requires_loss_scaling = true;
+  static constexpr std::string_view name = "fp16";
+};
+
+struct fp64 {
+  using compute = double;
+  using master = double;
+  static constexpr bool requires_loss_scaling = false;
+  static constexpr std::string_view name = "fp64";
+};
+
+/// A precision policy: the dtypes a model computes and keeps its weights in.
+template <class P>
+concept precision_policy = requires {
+  typename P::compute;
+  typename P::master;
+  { P::requires_loss_scaling } -> std::convertible_to<bool>;
+};
+
+}  // namespace locus::amp
+
+namespace locus::detail {
+
+// Prevents: training with f16/bf16 master weights, where updates smaller than half an
+// ulp of the weight (lr * grad is usually that small) round away and training stalls.
+template <class P>
+constexpr bool check_policy() {
+  if constexpr (!amp::precision_policy<P>) {
+    static_assert(always_false<P>,
+                  "locus: a precision policy needs `compute`, `master` and "
+                  "`requires_loss_scaling`; use locus::amp::fp32, bf16_mixed or fp16_mixed");
+    return false;
+  } else if constexpr (is_half_v<typename P::master>) {
+    static_assert(always_false<P>,
+                  "locus: master weights in f16 or bf16 lose every update smaller than half a "
+                  "unit in the last place, so training stalls; keep master weights in f32 "
+                  "(locus::amp::bf16_mixed or fp16_mixed compute in 16 bits with f32 master "
+                  "weights)");
+    return false;
+  } else if constexpr (!std::is_same_v<typename P::master, float> &&
+                       !std::is_same_v<typename P::master, double>) {
+    static_assert(always_false<P>, "locus: master weights must be f32 (or f64)");
+    return false;
+  } else if constexpr (!std::is_floating_point_v<typename P::compute> &&
+                       !is_half_v<typename P::compute>) {
+    static_assert(always_false<P>, "locus: a policy computes in f32, f64, bf16 or f16");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+}  // namespace locus::detail

@@ -1,0 +1,541 @@
+// Layers and sequential models whose device and precision policy are in their types.
+//
+//   using P = locus::amp::bf16_mixed;
+//   locus::nn::sequential model(locus::nn::linear<locus::cuda, P>(784, 256),
+//                               locus::nn::relu<locus::cuda, P>(),
+//                               locus::nn::linear<locus::cuda, P>(256, 10));
+//
+// Every layer computes on rank-2 activations [batch, features] of the policy's compute
+// dtype and has
+//   forward(x)    the training forward: saves what backward needs (x is kept as a view,
+//                 so it must stay alive until backward);
+//   backward(gy)  accumulates parameter gradients (f32 master dtype) and returns the
+//                 gradient of its input;
+//   infer(x)      the inference forward, which saves nothing (PyTorch's no_grad).
+// Activations and gradients are buffers the layer owns and reuses from step to step.
+// sequential fuses a linear layer with the activation after it: relu runs in the GEMM's
+// epilogue (cuBLASLt's on cuda), and the activation's derivative and the bias gradient
+// are one pass in backward. Parameters are named as PyTorch's nn.Sequential names them
+// ("0.weight", "0.bias", "2.weight", ...), live in one parameter_store, and are
+// initialised as PyTorch initialises nn.Linear (Kaiming-uniform, bound 1/sqrt(fan_in)).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../amp/policy.hpp"
+#include "../ops/matmul.hpp"
+#include "kernels.hpp"
+#include "parameters.hpp"
+
+namespace locus::nn {
+
+namespace detail {
+using locus::detail::act_kind;
+
+template <class T, class D, std::size_t R>
+void ensure_shape(tensor<T, D, R>& t, const extents<R>& shape) {
+  if (t.shape() != shape || t.data_handle() == nullptr) {
+    t = tensor<T, D, R>();  // free first: the peak holds one buffer, not two
+    t = tensor<T, D, R>(shape);
+  }
+}
+
+/// Hooks: pre(x) before forward, post(x, y) after it (training and inference forward).
+template <class D, class C>
+class hooks {
+ public:
+  using view = tensor_view<const C, D, 2>;
+  using pre_hook = std::function<void(const view& x)>;
+  using post_hook = std::function<void(const view& x, const view& y)>;
+
+  /// Called with the input before every forward; returns the hook's index.
+  std::size_t add_forward_pre_hook(pre_hook h) {
+    pre_.push_back(std::move(h));
+    return pre_.size() - 1;
+  }
+  /// Called with the input and the output after every forward.
+  std::size_t add_forward_hook(post_hook h) {
+    post_.push_back(std::move(h));
+    return post_.size() - 1;
+  }
+  void clear_hooks() noexcept {
+    pre_.clear();
+    post_.clear();
+  }
+  [[nodiscard]] bool has_hooks() const noexcept { return !pre_.empty() || !post_.empty(); }
+
+ protected:
+  void run_pre(const view& x) const {
+    for (const auto& h : pre_) h(x);
+  }
+  void run_post(const view& x, const view& y) const {
+    for (const auto& h : post_) h(x, y);
+  }
+
+ private:
+  std::vector<pre_hook> pre_;
+  std::vector<post_hook> post_;
+};
+
+template <class D>
+void check_features(const char* layer, index_t expected, index_t got) {
+  if (expected != got)
+    throw shape_error(std::string("locus: ") + layer + " expects " + std::to_string(expected) +
+                      " input features but the input has " + std::to_string(got));
+}
+}  // namespace detail
+
+/// Whether a linear layer has a bias.
+enum class bias { with, without };
+
+/// y = x w^T + b, w [out, in] (PyTorch's layout), b [out].
+template <Device D, class Policy>
+class linear : public detail::hooks<D, typename Policy::compute> {
+  static_assert(locus::detail::check_policy<Policy>());
+
+ public:
+  using device = D;
+  using policy = Policy;
+  using C = typename Policy::compute;
+  using M = typename Policy::master;
+  using view = tensor_view<const C, D, 2>;
+  static constexpr bool is_activation = false;
+
+  linear(index_t in_features, index_t out_features, bias b = bias::with)
+      : in_(in_features), out_(out_features), bias_(b == bias::with) {
+    if (in_ <= 0 || out_ <= 0)
+      throw shape_error("locus: linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                        ") needs positive feature counts");
+  }
+
+  [[nodiscard]] index_t in_features() const noexcept { return in_; }
+  [[nodiscard]] index_t out_features() const noexcept { return out_; }
+  [[nodiscard]] bool has_bias() const noexcept { return bias_; }
+
+  void declare(parameter_store<D, Policy>& s, const std::string& prefix) {
+    w_ = s.add(prefix + "weight", {out_, in_});
+    if (bias_) b_ = s.add(prefix + "bias", {out_});
+  }
+  void bind(parameter_store<D, Policy>& s) { store_ = &s; }
+
+  /// PyTorch's nn.Linear initialisation: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
+  void reset_parameters(std::uint64_t seed) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+    fill_uniform(store_->master_flat(w_), seed, w_ + 1, bound);
+    if (bias_) fill_uniform(store_->master_flat(b_), seed, b_ + 1, bound);
+  }
+
+  /// Training forward with an optional fused activation (sequential passes it).
+  view forward(const view& x, detail::act_kind act = detail::act_kind::none) {
+    this->run_pre(x);
+    detail::check_features<D>("linear", in_, x.shape()[1]);
+    x_ = x;
+    act_ = act;
+    const extents<2> ys{x.shape()[0], out_};
+    detail::ensure_shape(y_, ys);
+    const auto w = weight();
+    if (act == detail::act_kind::none || act == detail::act_kind::relu) {
+      const activation a = act == detail::act_kind::relu ? activation::relu : activation::none;
+      if (bias_) linear_into(y_, x, w, bias_compute(), a);
+      else linear_into(y_, x, w, a);
+    } else {  // the derivative needs z = x w^T + b
+      detail::ensure_shape(z_, ys);
+      if (bias_) linear_into(z_, x, w, bias_compute());
+      else linear_into(z_, x, w);
+      locus::detail::launch_n<D>(y_.numel(),
+                                 locus::detail::act_forward_kernel<C>{z_.data_handle(), y_.data_handle(), act});
+    }
+    view y = std::as_const(y_).view();
+    this->run_post(x, y);
+    return y;
+  }
+
+  /// Accumulates dL/dw and dL/db from dL/dy; returns dL/dx (an empty view when
+  /// need_input_grad is false: the first layer's input needs none).
+  view backward(const view& gy, bool need_input_grad = true) {
+    if (gy.shape() != y_.shape())
+      throw shape_error("locus: linear backward got a gradient of shape " +
+                        locus::detail::shape_string(gy.shape()) + " for an output of shape " +
+                        locus::detail::shape_string(y_.shape()));
+    const index_t n = gy.shape()[0];
+    view dz = gy;
+    const bool need_dz = act_ != detail::act_kind::none;
+    if (need_dz) detail::ensure_shape(dz_, gy.shape());
+    if (need_dz || bias_) {
+      const bool uses_z = act_ == detail::act_kind::gelu || act_ == detail::act_kind::gelu_tanh;
+      locus::detail::run_bias_act_grad<D>(locus::detail::bias_act_grad_kernel<C, M>{
+          gy.data_handle(), uses_z ? z_.data_handle() : nullptr, uses_z ? nullptr : y_.data_handle(),
+          need_dz ? dz_.data_handle() : nullptr, bias_ ? store_->grad_flat(b_).data_handle() : nullptr, n,
+          out_, act_});
+    }
+    if (need_dz) dz = std::as_const(dz_).view();
+    matmul_into(store_->template grad<2>(w_), transpose(dz), x_, locus::accumulate);
+    if (!need_input_grad) return {};
+    detail::ensure_shape(gx_, x_.shape());
+    matmul_into(gx_, dz, weight());
+    return std::as_const(gx_).view();
+  }
+
+  /// Inference forward: nothing saved.
+  tensor<C, D, 2> infer(const view& x, detail::act_kind act = detail::act_kind::none) const {
+    this->run_pre(x);
+    detail::check_features<D>("linear", in_, x.shape()[1]);
+    const auto w = weight();
+    tensor<C, D, 2> y;
+    if (act == detail::act_kind::none || act == detail::act_kind::relu) {
+      const activation a = act == detail::act_kind::relu ? activation::relu : activation::none;
+      y = bias_ ? locus::linear(x, w, bias_compute(), a) : locus::linear(x, w, a);
+    } else {
+      tensor<C, D, 2> z = bias_ ? locus::linear(x, w, bias_compute()) : locus::linear(x, w);
+      y = tensor<C, D, 2>(z.shape());
+      locus::detail::launch_n<D>(y.numel(),
+                                 locus::detail::act_forward_kernel<C>{z.data_handle(), y.data_handle(), act});
+    }
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+  [[nodiscard]] tensor_view<const C, D, 2> weight() const { return store_->template compute<2>(w_); }
+  [[nodiscard]] tensor_view<const C, D, 1> bias_compute() const { return store_->template compute<1>(b_); }
+  [[nodiscard]] std::size_t weight_index() const noexcept { return w_; }
+  [[nodiscard]] std::size_t bias_index() const noexcept { return b_; }
+
+ private:
+  void fill_uniform(tensor_view<M, D, 1> v, std::uint64_t seed, std::uint64_t stream, double bound) {
+    locus::detail::launch_n<D>(v.numel(), locus::detail::uniform_init_kernel<M>{v.data_handle(), seed, stream,
+                                                                                 -bound, bound});
+  }
+
+  index_t in_, out_;
+  bool bias_;
+  std::size_t w_ = 0, b_ = 0;
+  parameter_store<D, Policy>* store_ = nullptr;
+  view x_;
+  detail::act_kind act_ = detail::act_kind::none;
+  tensor<C, D, 2> y_, z_, dz_, gx_;
+};
+
+namespace detail {
+/// An element-wise activation layer.
+template <Device D, class Policy, act_kind Kind>
+class activation_layer : public hooks<D, typename Policy::compute> {
+  static_assert(locus::detail::check_policy<Policy>());
+
+ public:
+  using device = D;
+  using policy = Policy;
+  using C = typename Policy::compute;
+  using view = tensor_view<const C, D, 2>;
+  static constexpr bool is_activation = true;
+  static constexpr act_kind kind = Kind;
+
+  void declare(parameter_store<D, Policy>&, const std::string&) {}
+  void bind(parameter_store<D, Policy>&) {}
+  void reset_parameters(std::uint64_t) {}
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    fused_ = false;
+    x_ = x;
+    ensure_shape(y_, x.shape());
+    locus::detail::launch_n<D>(x.numel(), locus::detail::act_forward_kernel<C>{x.data_handle(), y_.data_handle(), Kind});
+    view y = std::as_const(y_).view();
+    this->run_post(x, y);
+    return y;
+  }
+  /// sequential ran this activation inside the preceding linear layer.
+  void mark_fused() noexcept { fused_ = true; }
+  [[nodiscard]] bool fused() const noexcept { return fused_; }
+
+  view backward(const view& gy, bool = true) {
+    ensure_shape(gx_, gy.shape());
+    const bool uses_z = Kind == act_kind::gelu || Kind == act_kind::gelu_tanh;
+    locus::detail::launch_n<D>(gy.numel(), locus::detail::act_backward_kernel<C>{
+                                               gy.data_handle(), uses_z ? x_.data_handle() : nullptr,
+                                               uses_z ? nullptr : y_.data_handle(), gx_.data_handle(), Kind});
+    return std::as_const(gx_).view();
+  }
+
+  tensor<C, D, 2> infer(const view& x) const {
+    this->run_pre(x);
+    tensor<C, D, 2> y(x.shape());
+    locus::detail::launch_n<D>(x.numel(), locus::detail::act_forward_kernel<C>{x.data_handle(), y.data_handle(), Kind});
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  bool fused_ = false;
+  view x_;
+  tensor<C, D, 2> y_, gx_;
+};
+}  // namespace detail
+
+/// max(x, 0)
+template <Device D, class Policy>
+class relu : public detail::activation_layer<D, Policy, detail::act_kind::relu> {};
+/// GELU; exact (erf) by default, or the tanh approximation (PyTorch's approximate="tanh").
+template <Device D, class Policy>
+class gelu : public detail::activation_layer<D, Policy, detail::act_kind::gelu> {};
+template <Device D, class Policy>
+class gelu_tanh : public detail::activation_layer<D, Policy, detail::act_kind::gelu_tanh> {};
+template <Device D, class Policy>
+class tanh : public detail::activation_layer<D, Policy, detail::act_kind::tanh> {};
+template <Device D, class Policy>
+class sigmoid : public detail::activation_layer<D, Policy, detail::act_kind::sigmoid> {};
+
+/// Dropout with probability p (training forward only; inference is the identity). The
+/// mask comes from Philox(seed, element, stream) where the stream advances with every
+/// training forward, so runs with the same seed drop the same elements on every device,
+/// and backward recomputes the mask instead of saving it.
+template <Device D, class Policy>
+class dropout : public detail::hooks<D, typename Policy::compute> {
+  static_assert(locus::detail::check_policy<Policy>());
+
+ public:
+  using device = D;
+  using policy = Policy;
+  using C = typename Policy::compute;
+  using view = tensor_view<const C, D, 2>;
+  static constexpr bool is_activation = false;
+
+  explicit dropout(float p, std::uint64_t seed = 0) : p_(p), seed_(seed) {
+    if (!(p >= 0.0f && p < 1.0f))
+      throw std::invalid_argument("locus: dropout probability must be in [0, 1), got " + std::to_string(p));
+  }
+  void declare(parameter_store<D, Policy>&, const std::string&) {}
+  void bind(parameter_store<D, Policy>&) {}
+  void reset_parameters(std::uint64_t) {}
+
+  [[nodiscard]] float p() const noexcept { return p_; }
+  /// Training forwards run so far: the RNG state (saved in checkpoints).
+  [[nodiscard]] std::uint64_t counter() const noexcept { return counter_; }
+  void set_counter(std::uint64_t c) noexcept { counter_ = c; }
+  void set_seed(std::uint64_t s) noexcept { seed_ = s; }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    stream_ = counter_++;
+    ensure(y_, x.shape());
+    locus::detail::launch_n<D>(x.numel(), locus::detail::dropout_kernel<C>{x.data_handle(), y_.data_handle(), seed_, stream_, p_});
+    view y = std::as_const(y_).view();
+    this->run_post(x, y);
+    return y;
+  }
+  view backward(const view& gy, bool = true) {
+    ensure(gx_, gy.shape());
+    locus::detail::launch_n<D>(gy.numel(), locus::detail::dropout_kernel<C>{gy.data_handle(), gx_.data_handle(), seed_, stream_, p_});
+    return std::as_const(gx_).view();
+  }
+  tensor<C, D, 2> infer(const view& x) const {
+    this->run_pre(x);
+    tensor<C, D, 2> y(x.shape());
+    copy(x, y);
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  static void ensure(tensor<C, D, 2>& t, const extents<2>& s) { detail::ensure_shape(t, s); }
+  float p_;
+  std::uint64_t seed_, stream_ = 0, counter_ = 0;
+  tensor<C, D, 2> y_, gx_;
+};
+
+namespace detail {
+template <class L>
+struct layer_traits {
+  static constexpr bool is_linear = false;
+};
+template <class D, class P>
+struct layer_traits<linear<D, P>> {
+  static constexpr bool is_linear = true;
+};
+template <class First, class... Rest>
+constexpr bool check_layers() {
+  using D = typename First::device;
+  using P = typename First::policy;
+  bool ok = true;
+  ((ok = ok && locus::detail::require_layers_same_device<D, typename Rest::device>()), ...);
+  if constexpr ((std::is_same_v<P, typename Rest::policy> && ...)) {
+    return ok;
+  } else {
+    static_assert(locus::detail::always_false<P>,
+                  "locus: a sequential model mixes precision policies; build every layer with "
+                  "the same policy (amp::fp32, amp::bf16_mixed or amp::fp16_mixed)");
+    return false;
+  }
+}
+}  // namespace detail
+
+/// Layers applied in order. Owns the parameter store of all of them.
+template <class... Layers>
+class sequential {
+  static_assert(sizeof...(Layers) > 0, "locus: a sequential model needs at least one layer");
+  using first = std::tuple_element_t<0, std::tuple<Layers...>>;
+
+ public:
+  using device = typename first::device;
+  using policy = typename first::policy;
+  using C = typename policy::compute;
+  using M = typename policy::master;
+  using view = tensor_view<const C, device, 2>;
+  using store_type = parameter_store<device, policy>;
+  static constexpr std::size_t size = sizeof...(Layers);
+  static_assert(detail::check_layers<Layers...>());
+
+  /// Takes the layers, allocates their parameters and initialises them from `seed`.
+  explicit sequential(Layers... layers) : layers_(std::move(layers)...) { setup(0); }
+
+  // Layers point at the store: a move re-points them.
+  sequential(sequential&& other) noexcept
+      : layers_(std::move(other.layers_)), store_(std::move(other.store_)), seed_(other.seed_) {
+    rebind();
+  }
+  sequential& operator=(sequential&& other) noexcept {
+    layers_ = std::move(other.layers_);
+    store_ = std::move(other.store_);
+    seed_ = other.seed_;
+    rebind();
+    return *this;
+  }
+  sequential(const sequential&) = delete;
+  sequential& operator=(const sequential&) = delete;
+
+  /// Re-draws every parameter as PyTorch initialises it, from Philox(seed).
+  void reset_parameters(std::uint64_t seed) {
+    seed_ = seed;
+    std::apply([&](auto&... l) { (l.reset_parameters(seed), ...); }, layers_);
+    store_.sync_compute();
+  }
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+
+  template <std::size_t I>
+  auto& get() noexcept {
+    return std::get<I>(layers_);
+  }
+  template <std::size_t I>
+  const auto& get() const noexcept {
+    return std::get<I>(layers_);
+  }
+
+  /// Calls f(index, layer) for every layer, in order.
+  template <class F>
+  void for_each_layer(F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... l) { (f(i++, l), ...); }, layers_);
+  }
+
+  store_type& parameters() noexcept { return store_; }
+  const store_type& parameters() const noexcept { return store_; }
+
+  /// The training forward (saves what backward needs; x must stay alive until then).
+  view forward(const view& x) { return forward_from<0>(x); }
+
+  /// Backpropagates dL/d(output); parameter gradients accumulate into the store.
+  void backward(const view& gy) { backward_from<size - 1>(gy); }
+
+  /// The inference forward: saves nothing.
+  tensor<C, device, 2> infer(const view& x) const { return infer_from<0>(x); }
+
+ private:
+  void rebind() noexcept {
+    std::apply([&](auto&... l) { (l.bind(store_), ...); }, layers_);
+  }
+
+  void setup(std::uint64_t seed) {
+    std::size_t i = 0;
+    std::apply([&](auto&... l) { ((l.declare(store_, std::to_string(i++) + ".")), ...); }, layers_);
+    store_.allocate();
+    std::apply([&](auto&... l) { (l.bind(store_), ...); }, layers_);
+    reset_parameters(seed);
+  }
+
+  template <std::size_t I>
+  static constexpr bool fuses_next() {
+    if constexpr (I + 1 < size) {
+      using L = std::tuple_element_t<I, std::tuple<Layers...>>;
+      using N = std::tuple_element_t<I + 1, std::tuple<Layers...>>;
+      if constexpr (detail::layer_traits<L>::is_linear && N::is_activation) return true;
+      else return false;
+    } else {
+      return false;
+    }
+  }
+
+  template <std::size_t I>
+  view forward_from(const view& x) {
+    if constexpr (I == size) {
+      return x;
+    } else {
+      auto& l = std::get<I>(layers_);
+      if constexpr (fuses_next<I>()) {
+        auto& a = std::get<I + 1>(layers_);
+        if (!l.has_hooks() && !a.has_hooks()) {
+          a.mark_fused();
+          return forward_from<I + 2>(l.forward(x, std::remove_reference_t<decltype(a)>::kind));
+        }
+      }
+      if constexpr (detail::layer_traits<std::remove_reference_t<decltype(l)>>::is_linear)
+        return forward_from<I + 1>(l.forward(x, detail::act_kind::none));
+      else
+        return forward_from<I + 1>(l.forward(x));
+    }
+  }
+
+  template <std::size_t I>
+  void backward_from(const view& gy) {
+    auto& l = std::get<I>(layers_);
+    if constexpr (std::remove_reference_t<decltype(l)>::is_activation) {
+      if (l.fused()) {  // the linear layer before it differentiates both
+        if constexpr (I > 0) backward_from<I - 1>(gy);
+        return;
+      }
+    }
+    const view g = l.backward(gy, I > 0);
+    if constexpr (I > 0) backward_from<I - 1>(g);
+  }
+
+  template <std::size_t I>
+  tensor<C, device, 2> infer_from(const view& x) const {
+    const auto& l = std::get<I>(layers_);
+    tensor<C, device, 2> y;
+    std::size_t next = I + 1;
+    if constexpr (fuses_next<I>()) {
+      const auto& a = std::get<I + 1>(layers_);
+      if (!l.has_hooks() && !a.has_hooks()) {
+        y = l.infer(x, std::remove_reference_t<decltype(a)>::kind);
+        next = I + 2;
+      } else {
+        y = l.infer(x);
+      }
+    } else {
+      y = l.infer(x);
+    }
+    if constexpr (I + 1 < size) {
+      if (next == I + 2) {
+        if constexpr (I + 2 < size) return infer_from<I + 2>(std::as_const(y).view());
+        else return y;
+      }
+      return infer_from<I + 1>(std::as_const(y).view());
+    } else {
+      return y;
+    }
+  }
+
+  std::tuple<Layers...> layers_;
+  store_type store_;
+  std::uint64_t seed_ = 0;
+};
+
+template <class... Layers>
+sequential(Layers...) -> sequential<Layers...>;
+
+}  // namespace locus::nn

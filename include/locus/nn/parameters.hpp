@@ -1,0 +1,156 @@
+// parameter_store<D, Policy>: every parameter of a model in three flat buffers on D,
+// master weights (Policy::master), gradients (master dtype) and, for mixed policies, the
+// compute copy (Policy::compute). Layers hold views into them. One flat buffer makes
+// the whole-model passes single kernels: zero_grad is one memset, the non-finite check
+// of the grad scaler is one pass, the optimizer update (and the cast of master weights
+// to the compute dtype) is one fused pass over every parameter: a multi-tensor update
+// without a list of tensors.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "../amp/policy.hpp"
+#include "../core/error.hpp"
+#include "../core/shape.hpp"
+#include "../tensor/factories.hpp"
+#include "../tensor/tensor.hpp"
+#include "kernels.hpp"
+
+namespace locus::nn {
+
+/// One parameter: its stable name ("0.weight", "2.bias", ...), where it lives in the
+/// flat buffers, and its shape (rank 1 or 2).
+struct parameter_info {
+  std::string name;
+  index_t offset = 0;
+  index_t numel = 0;
+  std::vector<index_t> shape;
+
+  [[nodiscard]] std::string shape_string() const {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+};
+
+template <Device D, class Policy>
+class parameter_store {
+  static_assert(detail::check_policy<Policy>());
+
+ public:
+  using device = D;
+  using policy = Policy;
+  using master_type = typename Policy::master;
+  using compute_type = typename Policy::compute;
+  static constexpr bool separate_compute = !std::is_same_v<master_type, compute_type>;
+  /// Parameters start at multiples of this many elements (256-byte aligned in f32).
+  static constexpr index_t alignment = 64;
+
+  /// Declares a parameter (before allocate()); returns its index.
+  std::size_t add(std::string name, std::initializer_list<index_t> shape) {
+    if (allocated_) throw std::logic_error("locus: parameter '" + name + "' declared after allocate()");
+    parameter_info p;
+    p.name = std::move(name);
+    p.shape.assign(shape.begin(), shape.end());
+    p.numel = 1;
+    for (index_t e : p.shape) p.numel *= e;
+    p.offset = size_;
+    size_ += (p.numel + alignment - 1) / alignment * alignment;
+    entries_.push_back(std::move(p));
+    return entries_.size() - 1;
+  }
+
+  /// Allocates the flat buffers (gradients zeroed, weights uninitialised).
+  void allocate() {
+    master_ = tensor<master_type, D, 1>(extents<1>{size_});
+    detail::zero_bytes<D>(master_.data_handle(), master_.size_bytes());
+    grad_ = zeros<master_type, D>(extents<1>{size_});
+    if constexpr (separate_compute) compute_ = zeros<compute_type, D>(extents<1>{size_});
+    std::vector<index_t> offs;
+    for (const auto& e : entries_) offs.push_back(e.offset);
+    offs.push_back(size_);
+    tensor<index_t, cpu, 1> h(extents<1>{static_cast<index_t>(offs.size())});
+    for (std::size_t i = 0; i < offs.size(); ++i) h(static_cast<index_t>(i)) = offs[i];
+    offsets_ = to<D>(h);
+    allocated_ = true;
+  }
+
+  [[nodiscard]] const std::vector<parameter_info>& entries() const noexcept { return entries_; }
+  [[nodiscard]] std::size_t count() const noexcept { return entries_.size(); }
+  /// Elements in each flat buffer (parameters plus alignment padding).
+  [[nodiscard]] index_t size() const noexcept { return size_; }
+  /// Parameter elements (no padding): what PyTorch's numel() sum reports.
+  [[nodiscard]] index_t parameter_count() const noexcept {
+    index_t n = 0;
+    for (const auto& e : entries_) n += e.numel;
+    return n;
+  }
+
+  [[nodiscard]] tensor_view<master_type, D, 1> master() noexcept { return master_.view(); }
+  [[nodiscard]] tensor_view<const master_type, D, 1> master() const noexcept { return master_.view(); }
+  [[nodiscard]] tensor_view<master_type, D, 1> grad() noexcept { return grad_.view(); }
+  [[nodiscard]] tensor_view<const master_type, D, 1> grad() const noexcept { return grad_.view(); }
+  /// The compute copy as a flat buffer (the master buffer when they share a dtype).
+  [[nodiscard]] compute_type* compute_data() noexcept {
+    if constexpr (separate_compute) return compute_.data_handle();
+    else return master_.data_handle();
+  }
+  [[nodiscard]] const index_t* offsets_data() const noexcept { return offsets_.data_handle(); }
+
+  /// Parameter i as a view of rank R (its declared rank).
+  template <std::size_t R>
+  [[nodiscard]] tensor_view<master_type, D, R> master(std::size_t i) noexcept {
+    return {master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+  }
+  template <std::size_t R>
+  [[nodiscard]] tensor_view<master_type, D, R> grad(std::size_t i) noexcept {
+    return {grad_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+  }
+  template <std::size_t R>
+  [[nodiscard]] tensor_view<const compute_type, D, R> compute(std::size_t i) const noexcept {
+    const compute_type* base;
+    if constexpr (separate_compute) base = compute_.data_handle();
+    else base = master_.data_handle();
+    return {base + entries_[i].offset, shape_of<R>(i)};
+  }
+  /// Parameter i's master weights and gradient as flat views.
+  [[nodiscard]] tensor_view<master_type, D, 1> master_flat(std::size_t i) noexcept {
+    return {master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+  }
+  [[nodiscard]] tensor_view<const master_type, D, 1> master_flat(std::size_t i) const noexcept {
+    return {master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+  }
+  [[nodiscard]] tensor_view<master_type, D, 1> grad_flat(std::size_t i) noexcept {
+    return {grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+  }
+
+  /// The compute copy from the master weights (one pass; nothing for fp32 and fp64).
+  void sync_compute() {
+    if constexpr (separate_compute)
+      detail::launch_n<D>(size_, detail::cast_kernel<master_type, compute_type>{master_.data_handle(),
+                                                                                 compute_.data_handle()});
+  }
+
+  /// Sets every gradient to zero (one memset).
+  void zero_grad() { detail::zero_bytes<D>(grad_.data_handle(), grad_.size_bytes()); }
+
+ private:
+  template <std::size_t R>
+  extents<R> shape_of(std::size_t i) const noexcept {
+    extents<R> s{};
+    for (std::size_t a = 0; a < R && a < entries_[i].shape.size(); ++a) s[a] = entries_[i].shape[a];
+    return s;
+  }
+
+  std::vector<parameter_info> entries_;
+  index_t size_ = 0;
+  bool allocated_ = false;
+  tensor<master_type, D, 1> master_, grad_;
+  tensor<compute_type, D, 1> compute_;
+  tensor<index_t, D, 1> offsets_;
+};
+
+}  // namespace locus::nn

@@ -1,0 +1,257 @@
+// Optimizers over a model's parameter_store, with their state on the model's device in
+// f32, and learning-rate schedules.
+//
+//   locus::optim::adamw<locus::cuda> opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.01});
+//   locus::optim::sgd<locus::cpu> opt(model.parameters(), {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+//
+// step() is one fused pass over every parameter of the model (the store is one flat
+// buffer): it reads gradient, weight and state once, writes weight and state, and
+// writes the compute-dtype copy of the weight for mixed policies in the same pass.
+// Whether to skip the step (a grad scaler's overflow, the trainer's non-finite guard)
+// and AdamW's bias corrections are decided on the device, so a step never waits for
+// the GPU. The optimizer's device is a type: adamw<cpu> on a cuda model does not compile.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numbers>
+#include <string>
+
+#include "../core/rules.hpp"
+#include "../nn/kernels.hpp"
+#include "../nn/parameters.hpp"
+#include "../tensor/factories.hpp"
+#include "../transfer/copy.hpp"
+
+namespace locus::optim {
+
+namespace detail {
+using locus::detail::step_state;
+using locus::detail::update_scalars;
+
+enum class compute_kind { same, bf16, f16 };
+
+template <class C>
+constexpr compute_kind compute_kind_of() {
+  if constexpr (std::is_same_v<C, ::locus::bf16>) return compute_kind::bf16;
+  else if constexpr (std::is_same_v<C, ::locus::f16>) return compute_kind::f16;
+  else return compute_kind::same;
+}
+
+/// Runs kernel<C> with the model's compute dtype.
+template <class F>
+void with_compute(compute_kind k, F&& f) {
+  switch (k) {
+    case compute_kind::same: f(static_cast<float*>(nullptr)); break;
+    case compute_kind::bf16: f(static_cast<::locus::bf16*>(nullptr)); break;
+    case compute_kind::f16: f(static_cast<::locus::f16*>(nullptr)); break;
+  }
+}
+/// What every optimizer keeps of the model: its flat buffers and where they live.
+template <Device D>
+struct bound_parameters {
+  float* p = nullptr;
+  float* g = nullptr;
+  void* pc = nullptr;  // compute copy, or nullptr
+  compute_kind kind = compute_kind::same;
+  index_t n = 0;
+
+  /// Re-derives the compute copy from the master weights (after a checkpoint load).
+  void sync_compute() const {
+    with_compute(kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      if constexpr (!std::is_same_v<C, float>)
+        if (pc) locus::detail::launch_n<D>(n, locus::detail::cast_kernel<float, C>{p, static_cast<C*>(pc)});
+    });
+  }
+
+  template <Device MD, class Policy>
+  static bound_parameters bind(nn::parameter_store<MD, Policy>& s) {
+    static_assert(locus::detail::require_optimizer_on_model_device<D, MD>());
+    static_assert(std::is_same_v<typename Policy::master, float>,
+                  "locus: optimizers update f32 master weights; amp::fp64 is for gradient checks");
+    bound_parameters b;
+    if constexpr (std::is_same_v<D, MD>) {
+      b.p = s.master().data_handle();
+      b.g = s.grad().data_handle();
+      if constexpr (nn::parameter_store<MD, Policy>::separate_compute) b.pc = s.compute_data();
+      b.kind = compute_kind_of<typename Policy::compute>();
+      b.n = s.size();
+    }
+    return b;
+  }
+};
+
+}  // namespace detail
+
+struct adamw_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  ///< decoupled, as torch.optim.AdamW (default 0.01)
+};
+
+/// AdamW (Loshchilov & Hutter), as torch.optim.AdamW computes it.
+template <Device D>
+class adamw {
+ public:
+  using device = D;
+  static constexpr const char* kind = "adamw";
+
+  template <Device MD, class Policy>
+  adamw(nn::parameter_store<MD, Policy>& params, adamw_options o = {})
+      : params_(detail::bound_parameters<D>::template bind<MD, Policy>(params)), o_(o) {
+    m_ = zeros<float, D>(extents<1>{params_.n});
+    v_ = zeros<float, D>(extents<1>{params_.n});
+    steps_ = zeros<std::int64_t, D>(extents<1>{1});
+    scalars_ = zeros<std::int32_t, D>(extents<1>{4});
+  }
+
+  /// One update of every parameter; skipped (on the device) when `guard` reports a
+  /// non-finite gradient.
+  void step(locus::detail::step_state* guard = nullptr) {
+    auto* sc = reinterpret_cast<detail::update_scalars*>(scalars_.data_handle());
+    locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc,
+                                                                      static_cast<float>(o_.beta1),
+                                                                      static_cast<float>(o_.beta2)});
+    detail::with_compute(params_.kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      locus::detail::launch_n<D>(params_.n, locus::detail::adamw_kernel<C>{
+                                                params_.p, params_.g, m_.data_handle(), v_.data_handle(),
+                                                static_cast<C*>(params_.pc), sc, static_cast<float>(o_.lr),
+                                                static_cast<float>(o_.beta1), static_cast<float>(o_.beta2),
+                                                static_cast<float>(o_.eps), static_cast<float>(o_.weight_decay)});
+    });
+  }
+
+  [[nodiscard]] double lr() const noexcept { return o_.lr; }
+  void set_lr(double lr) noexcept { o_.lr = lr; }
+  [[nodiscard]] const adamw_options& options() const noexcept { return o_; }
+  /// Steps taken (skipped ones not counted); reads one integer back from D.
+  [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
+
+  /// The state tensors by name (for checkpoints): "exp_avg", "exp_avg_sq" (flat, laid out
+  /// as the parameter store) and "step".
+  template <class F>
+  void for_each_state(F&& f) {
+    f("exp_avg", m_.view());
+    f("exp_avg_sq", v_.view());
+  }
+  tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
+  void after_load() { params_.sync_compute(); }
+
+ private:
+  detail::bound_parameters<D> params_;
+  adamw_options o_;
+  tensor<float, D, 1> m_, v_;
+  tensor<std::int64_t, D, 1> steps_;
+  tensor<std::int32_t, D, 1> scalars_;
+};
+
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;  ///< L2, added to the gradient (torch.optim.SGD)
+  bool nesterov = false;
+};
+
+/// SGD with optional momentum, Nesterov momentum and weight decay, as torch.optim.SGD.
+template <Device D>
+class sgd {
+ public:
+  using device = D;
+  static constexpr const char* kind = "sgd";
+
+  template <Device MD, class Policy>
+  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {})
+      : params_(detail::bound_parameters<D>::template bind<MD, Policy>(params)), o_(o) {
+    if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
+      throw std::invalid_argument("locus: Nesterov momentum needs momentum > 0 and dampening 0");
+    if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{params_.n});
+    steps_ = zeros<std::int64_t, D>(extents<1>{1});
+    scalars_ = zeros<std::int32_t, D>(extents<1>{4});
+  }
+
+  void step(locus::detail::step_state* guard = nullptr) {
+    auto* sc = reinterpret_cast<detail::update_scalars*>(scalars_.data_handle());
+    locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc, 0.0f, 0.0f});
+    detail::with_compute(params_.kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      locus::detail::launch_n<D>(params_.n, locus::detail::sgd_kernel<C>{
+                                                params_.p, params_.g, o_.momentum != 0.0 ? buf_.data_handle() : nullptr,
+                                                static_cast<C*>(params_.pc), sc, static_cast<float>(o_.lr),
+                                                static_cast<float>(o_.momentum), static_cast<float>(o_.dampening),
+                                                static_cast<float>(o_.weight_decay), o_.nesterov});
+    });
+  }
+
+  [[nodiscard]] double lr() const noexcept { return o_.lr; }
+  void set_lr(double lr) noexcept { o_.lr = lr; }
+  [[nodiscard]] const sgd_options& options() const noexcept { return o_; }
+  [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
+
+  template <class F>
+  void for_each_state(F&& f) {
+    if (o_.momentum != 0.0) f("momentum_buffer", buf_.view());
+  }
+  tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
+  void after_load() { params_.sync_compute(); }
+
+ private:
+  detail::bound_parameters<D> params_;
+  sgd_options o_;
+  tensor<float, D, 1> buf_;
+  tensor<std::int64_t, D, 1> steps_;
+  tensor<std::int32_t, D, 1> scalars_;
+};
+
+// ---- learning-rate schedules ---------------------------------------------------------------
+// A schedule maps (optimizer step, base lr) to the lr of that step; the trainer applies
+// it before every optimizer step. Steps count from 0.
+
+/// The base lr throughout.
+struct constant_lr {
+  double operator()(std::int64_t, double base) const noexcept { return base; }
+};
+
+/// base * gamma^(step / step_size) (torch.optim.lr_scheduler.StepLR).
+struct step_lr {
+  std::int64_t step_size = 1;
+  double gamma = 0.1;
+  double operator()(std::int64_t step, double base) const {
+    return base * std::pow(gamma, static_cast<double>(step / (step_size > 0 ? step_size : 1)));
+  }
+};
+
+/// Cosine annealing from base to min_lr over total_steps, then min_lr
+/// (torch.optim.lr_scheduler.CosineAnnealingLR with T_max = total_steps).
+struct cosine_lr {
+  std::int64_t total_steps = 1;
+  double min_lr = 0.0;
+  double operator()(std::int64_t step, double base) const {
+    if (step >= total_steps) return min_lr;
+    const double t = static_cast<double>(step) / static_cast<double>(total_steps > 0 ? total_steps : 1);
+    return min_lr + (base - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  }
+};
+
+/// Linear warm-up from base / warmup_steps to base over warmup_steps, then `after`
+/// (counted from the end of the warm-up).
+template <class After = constant_lr>
+struct warmup_lr {
+  std::int64_t warmup_steps = 0;
+  After after{};
+  double operator()(std::int64_t step, double base) const {
+    if (step < warmup_steps)
+      return base * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+    return after(step - warmup_steps, base);
+  }
+};
+
+/// Any schedule, type-erased.
+using schedule = std::function<double(std::int64_t step, double base_lr)>;
+
+}  // namespace locus::optim

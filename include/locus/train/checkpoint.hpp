@@ -1,0 +1,167 @@
+// Checkpoints of a trainer as safetensors files (io/safetensors.hpp).
+//
+//   locus::train::save_checkpoint("ckpt/epoch-3.safetensors", t, 3);   // atomic
+//   std::int64_t epoch = locus::train::resume("ckpt/epoch-3.safetensors", t);
+//
+// A file holds
+//   "<name>"                         master weights, as PyTorch's state_dict names them
+//                                    ("0.weight", "0.bias", ...): safetensors.torch.load_file
+//                                    + model.load_state_dict reads them into an nn.Sequential
+//   "optimizer.<state>.<name>"       optimizer state per parameter (exp_avg, exp_avg_sq,
+//                                    momentum_buffer), and "optimizer.step" (i64 [1])
+//   "scaler.state"                   grad scaler: scale, growth tracker, skipped steps (f32 [3])
+// and in __metadata__: format, epoch (epochs finished), micro_steps, optimizer_steps,
+// base_lr, lr, seed, policy, optimizer and the dropout layers' RNG counters ("rng.<i>").
+// Resuming from the checkpoint written after epoch k and training on gives the same
+// losses, bit for bit on the CPU, as a run that never stopped: the loader's order is a
+// function of (seed, epoch), dropout's of (seed, counter), and everything else is state
+// in the file. Loading into a model of another shape throws shape_error listing every
+// mismatched tensor with both shapes.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../io/safetensors.hpp"
+#include "trainer.hpp"
+
+namespace locus::train {
+
+namespace detail {
+/// A flat device range reshaped to a parameter's shape (rank 1 or 2), given to f.
+template <class T, class D, class F>
+void with_param_shape(T* base, const nn::parameter_info& e, F&& f) {
+  if (e.shape.size() == 2) f(tensor_view<T, D, 2>(base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
+  else f(tensor_view<T, D, 1>(base + e.offset, extents<1>{e.numel}));
+}
+
+/// A double as text that reads back to the same double.
+inline std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+inline std::int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& k, std::int64_t def) {
+  auto it = m.find(k);
+  return it == m.end() ? def : std::stoll(it->second);
+}
+inline double meta_double(const std::map<std::string, std::string>& m, const std::string& k, double def) {
+  auto it = m.find(k);
+  return it == m.end() ? def : std::stod(it->second);
+}
+}  // namespace detail
+
+/// Writes the trainer's model, optimizer, scaler and counters to `path` (atomically).
+/// `epoch`: the number of epochs finished.
+template <class Trainer>
+void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t epoch) {
+  using D = typename Trainer::device;
+  using P = typename Trainer::policy;
+  auto& model = t.model();
+  auto& store = model.parameters();
+  io::writer w;
+  const auto& entries = store.entries();
+  for (std::size_t i = 0; i < entries.size(); ++i)
+    detail::with_param_shape<typename P::master, D>(store.master().data_handle(), entries[i],
+                                                    [&](const auto& v) { w.add(entries[i].name, v); });
+  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
+    for (const auto& e : entries)
+      detail::with_param_shape<float, D>(flat.data_handle(), e, [&](const auto& v) {
+        w.add(std::string("optimizer.") + name + "." + e.name, v);
+      });
+  });
+  w.add("optimizer.step", t.optimizer().step_tensor());
+  if constexpr (Trainer::has_scaler) w.add("scaler.state", t.scaler()->state_dict());
+  w.metadata("format", "locus-checkpoint-1");
+  w.metadata("epoch", std::to_string(epoch));
+  w.metadata("micro_steps", std::to_string(t.micro_steps()));
+  w.metadata("optimizer_steps", std::to_string(t.optimizer_steps()));
+  w.metadata("base_lr", detail::exact(t.base_lr()));
+  w.metadata("lr", detail::exact(t.optimizer().lr()));
+  w.metadata("seed", std::to_string(model.seed()));
+  w.metadata("policy", std::string(P::name));
+  w.metadata("optimizer", Trainer::optimizer_kind);
+  model.for_each_layer([&](std::size_t i, auto& layer) {
+    if constexpr (requires { layer.counter(); }) w.metadata("rng." + std::to_string(i), std::to_string(layer.counter()));
+  });
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  w.save(path);
+}
+
+/// Restores a trainer from an archive on its device; returns the epochs finished.
+template <class Trainer>
+std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Trainer& t) {
+  using D = typename Trainer::device;
+  using P = typename Trainer::policy;
+  using M = typename P::master;
+  auto& model = t.model();
+  auto& store = model.parameters();
+  const auto& entries = store.entries();
+
+  // Every difference first, then one error that lists them all.
+  std::string mismatches;
+  for (const auto& e : entries) {
+    if (!a.contains(e.name)) {
+      mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", checkpoint has no such tensor";
+      continue;
+    }
+    const io::tensor_info& f = a.info(e.name);
+    if (f.shape != e.shape) mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", checkpoint " + f.shape_string();
+  }
+  for (const auto& [name, f] : a.entries()) {
+    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
+    bool known = false;
+    for (const auto& e : entries) known = known || e.name == name;
+    if (!known) mismatches += "\n  " + name + ": checkpoint " + f.shape_string() + ", model has no such parameter";
+  }
+  if (!mismatches.empty())
+    throw shape_error("locus: checkpoint '" + a.path() + "' was saved from a model of another shape:" + mismatches);
+
+  for (std::size_t i = 0; i < entries.size(); ++i) copy(a.template flat<M>(entries[i].name), store.master_flat(i));
+  std::string missing;
+  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
+    for (const auto& e : entries) {
+      const std::string key = std::string("optimizer.") + name + "." + e.name;
+      if (!a.contains(key)) {
+        missing += " " + key;
+        continue;
+      }
+      copy(a.template flat<float>(key), tensor_view<float, D, 1>(flat.data_handle() + e.offset, extents<1>{e.numel}));
+    }
+  });
+  if (!a.contains("optimizer.step")) missing += " optimizer.step";
+  else copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
+  if constexpr (Trainer::has_scaler) {
+    if (!a.contains("scaler.state")) missing += " scaler.state";
+    else t.scaler()->load_state_dict(to<cpu>(a.template get<float, 1>("scaler.state")).view());
+  }
+  if (!missing.empty())
+    throw io_error("locus: checkpoint '" + a.path() + "' lacks the state this trainer needs:" + missing +
+                   " (saved with another optimizer or without a grad scaler?)");
+  t.optimizer().after_load();  // the compute copy of the weights
+
+  const auto& meta = a.metadata();
+  model.for_each_layer([&](std::size_t i, auto& layer) {
+    if constexpr (requires { layer.set_counter(std::uint64_t{}); })
+      layer.set_counter(static_cast<std::uint64_t>(detail::meta_int(meta, "rng." + std::to_string(i), 0)));
+  });
+  const double base_lr = detail::meta_double(meta, "base_lr", t.base_lr());
+  t.optimizer().set_lr(detail::meta_double(meta, "lr", t.optimizer().lr()));
+  const std::int64_t epoch = detail::meta_int(meta, "epoch", 0);
+  t.restore_counters(detail::meta_int(meta, "micro_steps", 0), detail::meta_int(meta, "optimizer_steps", 0), epoch,
+                     base_lr);
+  return epoch;
+}
+
+/// load_checkpoint(io::load<D>(path), t) with D the trainer's device: the checkpoint's
+/// tensors go straight to where the model lives.
+template <class Trainer>
+std::int64_t resume(const std::filesystem::path& path, Trainer& t) {
+  return load_checkpoint(io::load<typename Trainer::device>(path), t);
+}
+
+}  // namespace locus::train

@@ -1,0 +1,484 @@
+// train::trainer: the training loop of a model, an optimizer, a loss and a precision
+// policy (and, for amp::fp16_mixed, a grad scaler), all on one device by type.
+//
+//   locus::train::trainer t(model, opt, locus::nn::cross_entropy{}, {.accumulate = 4});
+//   for (auto& [x, y] : loader) t.step(x, y);    // a micro-batch; every 4th also updates
+//   auto r = t.evaluate(test_loader);             // inference forward, accuracy
+//
+// step(x, y) runs forward, loss and backward; gradients accumulate over `accumulate`
+// micro-batches (each loss weighted 1/accumulate, so N micro-batches of B equal one
+// batch of N*B), then the optimizer step runs: the grad scaler's unscale and overflow
+// check, or (without one) a non-finite guard, one fused update of every parameter, and
+// zero_grad. None of it reads the device back: the running loss stays on the device
+// until report() (or the end of an epoch) reads it, and on cuda a bad label or a
+// non-finite gradient is reported there. On host devices they are reported at once.
+//
+// Rules checked at compile time: a batch on another device than the model, an optimizer
+// or scaler built for another device, and amp::fp16_mixed without a grad scaler.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../amp/grad_scaler.hpp"
+#include "../amp/policy.hpp"
+#include "../core/error.hpp"
+#include "../memory/allocator.hpp"
+#include "../nn/kernels.hpp"
+#include "../nn/layers.hpp"
+#include "../nn/loss.hpp"
+#include "../optim/optim.hpp"
+
+namespace locus::train {
+
+/// Training stopped on a non-finite gradient (amp::fp32 or bf16_mixed, no scaler).
+class non_finite_error : public error {
+ public:
+  non_finite_error(std::string what, std::int64_t step, std::string parameter)
+      : error(std::move(what)), step_(step), parameter_(std::move(parameter)) {}
+  /// The micro-batch (counted from 0 over the trainer's life) whose gradient was bad.
+  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  /// The parameter whose gradient went non-finite first (backward order).
+  [[nodiscard]] const std::string& parameter() const noexcept { return parameter_; }
+
+ private:
+  std::int64_t step_;
+  std::string parameter_;
+};
+
+/// No grad scaler (the default).
+struct no_scaler {
+  using device = void;
+};
+
+struct options {
+  int accumulate = 1;        ///< micro-batches per optimizer step
+  bool check_finite = true;  ///< without a scaler: stop on a non-finite gradient
+  optim::schedule schedule;  ///< lr of each optimizer step (empty: the optimizer's lr)
+};
+
+/// What report() and the epoch functions return.
+struct metrics {
+  double loss = 0.0;           ///< mean loss over the samples counted
+  double accuracy = 0.0;       ///< evaluate(): fraction of correct predictions
+  double samples_per_s = 0.0;  ///< train_epoch(): training throughput
+  std::size_t peak_bytes = 0;  ///< peak memory of the model's device (memory_stats)
+  std::int64_t samples = 0;
+  std::int64_t optimizer_steps = 0;
+  double seconds = 0.0;
+};
+
+/// Passed to an epoch's progress callback every `report_every` micro-batches (the only
+/// time the loss is read back) and after the last one.
+struct progress {
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;    ///< micro-batches done in this epoch
+  std::int64_t batches = 0;  ///< in the epoch
+  double loss = 0.0;         ///< running mean since the epoch began
+  double samples_per_s = 0.0;
+};
+
+struct epoch_options {
+  std::int64_t epoch = 0;
+  std::int64_t report_every = 50;
+  std::function<void(const progress&)> on_progress;
+};
+
+namespace detail {
+using locus::detail::step_state;
+
+template <class Policy, class Scaler>
+constexpr bool check_scaler() {
+  if constexpr (Policy::requires_loss_scaling && std::is_same_v<Scaler, no_scaler>) {
+    static_assert(locus::detail::always_false<Policy>,
+                  "locus: amp::fp16_mixed needs loss scaling: f16 gradients below 6e-8 flush to "
+                  "zero and training silently stalls or diverges; pass a "
+                  "locus::amp::grad_scaler<D> to the trainer (or use amp::bf16_mixed, whose "
+                  "range needs no scaling)");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+template <class Model, class Optimizer, class Scaler>
+constexpr bool check_trainer() {
+  using D = typename Model::device;
+  bool ok = locus::detail::check_policy<typename Model::policy>() &&
+            locus::detail::require_optimizer_on_model_device<typename Optimizer::device, D>();
+  if constexpr (!std::is_same_v<Scaler, no_scaler>)
+    ok = ok && locus::detail::require_scaler_on_model_device<typename Scaler::device, D>();
+  return ok && check_scaler<typename Model::policy, Scaler>();
+}
+}  // namespace detail
+
+template <class Model, class Optimizer, class Loss, class Scaler = no_scaler>
+class trainer {
+  static_assert(detail::check_trainer<Model, Optimizer, Scaler>());
+
+ public:
+  using device = typename Model::device;
+  using policy = typename Model::policy;
+  using C = typename policy::compute;
+  using loss_state = typename Loss::template state<device, policy>;
+  using A = typename loss_state::A;
+  static constexpr bool has_scaler = !std::is_same_v<Scaler, no_scaler>;
+  static constexpr const char* optimizer_kind = Optimizer::kind;
+
+  trainer(Model& model, Optimizer& opt, Loss loss = {}, options o = {})
+    requires(!has_scaler)
+      : model_(&model), opt_(&opt), loss_(loss), o_(std::move(o)) {
+    init();
+  }
+  trainer(Model& model, Optimizer& opt, Loss loss, Scaler& scaler, options o = {})
+    requires(has_scaler)
+      : model_(&model), opt_(&opt), loss_(loss), scaler_(&scaler), o_(std::move(o)) {
+    init();
+  }
+
+  /// One micro-batch: x [B, features] (f32 or the policy's compute dtype), y the loss's
+  /// target (i64 labels [B] for cross_entropy), both on the model's device.
+  template <class X, class Y>
+  void step(const X& x, const Y& y) {
+    auto xv = input(x);
+    auto yv = target(y);
+    try {
+      auto out = model_->forward(xv);
+      const float* scale = nullptr;
+      if constexpr (has_scaler) scale = scaler_->scale_ptr();
+      auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
+      locus::detail::launch_n<device>(1, locus::detail::accumulate_scalar_kernel<A>{
+                                             running_.data_handle(), l.data_handle(), static_cast<A>(xv.shape()[0])});
+      model_->backward(loss_.grad());
+    } catch (const out_of_memory&) {
+      // The weights are untouched (only optimizer steps write them); drop the partial
+      // gradients so the next step starts clean.
+      model_->parameters().zero_grad();
+      micro_ = 0;
+      throw;
+    }
+    running_samples_ += xv.shape()[0];
+    ++micro_step_;
+    if (++micro_ == o_.accumulate) optimizer_step();
+    if constexpr (device::host_accessible) check();
+  }
+
+  /// Forward and backward of one batch without an optimizer step, then zero_grad: what
+  /// a training step of this batch size needs in memory (find_max_batch_size).
+  template <class X, class Y>
+  void probe(const X& x, const Y& y) {
+    auto xv = input(x);
+    auto yv = target(y);
+    try {
+      auto out = model_->forward(xv);
+      auto l = loss_.forward(out, yv, nullptr, 1.0);
+      (void)l;
+      model_->backward(loss_.grad());
+    } catch (...) {
+      model_->parameters().zero_grad();
+      throw;
+    }
+    model_->parameters().zero_grad();
+  }
+
+  /// Runs the optimizer on the gradients accumulated so far (an epoch's end calls it
+  /// when fewer than `accumulate` micro-batches are pending).
+  void flush() {
+    if (micro_ > 0) optimizer_step();
+  }
+
+  /// Reads the running loss back (the one synchronisation), checks labels and the
+  /// non-finite guard, and resets the running mean.
+  metrics report() {
+    check();
+    metrics m;
+    const A total = to<cpu>(running_)(0);
+    m.samples = running_samples_;
+    m.loss = running_samples_ ? static_cast<double>(total) / static_cast<double>(running_samples_) : 0.0;
+    m.optimizer_steps = optimizer_steps_;
+    m.peak_bytes = memory_stats<device>().peak_allocated_bytes;
+    locus::detail::zero_bytes<device>(running_.data_handle(), running_.size_bytes());
+    running_samples_ = 0;
+    return m;
+  }
+
+  /// One epoch over a range of batches (data::loader<D>); returns the mean training
+  /// loss, samples/s and peak memory. Calls on_progress every report_every batches.
+  template <class Loader>
+  metrics train_epoch(Loader& batches, const epoch_options& eo = {}) {
+    if constexpr (requires { batches.set_epoch(std::uint64_t{}); }) batches.set_epoch(static_cast<std::uint64_t>(eo.epoch));
+    std::int64_t total = 0;
+    if constexpr (requires { batches.batches(); }) total = static_cast<std::int64_t>(batches.batches());
+    report();  // start from zero
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t count = 0, samples = 0;
+    double loss_sum = 0.0;
+    std::int64_t loss_samples = 0;
+    for (auto& b : batches) {
+      step(b.x, b.y);
+      samples += b.x.shape()[0];
+      ++count;
+      if (eo.on_progress && eo.report_every > 0 && count % eo.report_every == 0) {
+        const metrics r = report();
+        loss_sum += r.loss * static_cast<double>(r.samples);
+        loss_samples += r.samples;
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        eo.on_progress({eo.epoch, count, total, loss_sum / static_cast<double>(loss_samples),
+                        dt > 0 ? static_cast<double>(samples) / dt : 0.0});
+      }
+    }
+    flush();
+    metrics r = report();  // synchronises: the epoch's work is done
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss_sum += r.loss * static_cast<double>(r.samples);
+    loss_samples += r.samples;
+    r.loss = loss_samples ? loss_sum / static_cast<double>(loss_samples) : 0.0;
+    r.samples = samples;
+    r.seconds = dt;
+    r.samples_per_s = dt > 0 ? static_cast<double>(samples) / dt : 0.0;
+    if (eo.on_progress) eo.on_progress({eo.epoch, count, total, r.loss, r.samples_per_s});
+    ++epochs_done_;
+    return r;
+  }
+
+  /// Inference forward over a range of batches: mean loss and accuracy.
+  template <class Loader>
+  metrics evaluate(Loader& batches) {
+    tensor<A, device, 1> acc = zeros<A, device>(extents<1>{2});
+    std::int64_t samples = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& b : batches) {
+      auto xv = input(b.x);
+      auto yv = target(b.y);
+      const tensor<C, device, 2> out = model_->infer(xv);
+      auto [loss_sum, correct] = loss_.evaluate(std::as_const(out).view(), yv);
+      locus::detail::launch_n<device>(1, locus::detail::accumulate_scalar_kernel<A>{acc.data_handle(),
+                                                                                     loss_sum.data_handle(), A(1)});
+      locus::detail::launch_n<device>(1, locus::detail::accumulate_scalar_kernel<A>{acc.data_handle() + 1,
+                                                                                     correct.data_handle(), A(1)});
+      samples += xv.shape()[0];
+    }
+    loss_.check_labels();
+    const auto h = to<cpu>(acc);
+    metrics m;
+    m.samples = samples;
+    m.loss = samples ? static_cast<double>(h(0)) / static_cast<double>(samples) : 0.0;
+    m.accuracy = samples ? static_cast<double>(h(1)) / static_cast<double>(samples) : 0.0;
+    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.samples_per_s = m.seconds > 0 ? static_cast<double>(samples) / m.seconds : 0.0;
+    m.peak_bytes = memory_stats<device>().peak_allocated_bytes;
+    return m;
+  }
+
+  Model& model() noexcept { return *model_; }
+  Optimizer& optimizer() noexcept { return *opt_; }
+  const options& opts() const noexcept { return o_; }
+  loss_state& loss() noexcept { return loss_; }
+  [[nodiscard]] std::int64_t micro_steps() const noexcept { return micro_step_; }
+  [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+  [[nodiscard]] std::int64_t epochs_done() const noexcept { return epochs_done_; }
+  /// The lr the optimizer was built with (schedules scale from it).
+  [[nodiscard]] double base_lr() const noexcept { return base_lr_; }
+
+  Scaler* scaler() noexcept {
+    if constexpr (has_scaler) return scaler_;
+    else return nullptr;
+  }
+
+  /// Counters restored from a checkpoint (train/checkpoint.hpp).
+  void restore_counters(std::int64_t micro, std::int64_t steps, std::int64_t epochs, double base_lr) {
+    micro_step_ = micro;
+    optimizer_steps_ = steps;
+    epochs_done_ = epochs;
+    base_lr_ = base_lr;
+    micro_ = 0;
+    model_->parameters().zero_grad();
+  }
+
+ private:
+  void init() {
+    if (o_.accumulate < 1)
+      throw std::invalid_argument("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
+    base_lr_ = opt_->lr();
+    running_ = zeros<A, device>(extents<1>{1});
+    const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
+    guard_ = zeros<std::int64_t, device>(extents<1>{words});
+    guard_flags_ = zeros<int, device>(extents<1>{static_cast<index_t>(model_->parameters().count() + 1)});
+    {  // the guard's scale is 1
+      locus::detail::step_state s{};
+      s.scale = 1.0f;
+      tensor<std::int64_t, cpu, 1> h = zeros<std::int64_t, cpu>(extents<1>{words});
+      std::memcpy(h.data_handle(), &s, sizeof s);
+      copy(h, guard_);
+    }
+  }
+
+  locus::detail::step_state* guard_state() noexcept { return reinterpret_cast<locus::detail::step_state*>(guard_.data_handle()); }
+
+  template <class X>
+  tensor_view<const C, device, 2> input(const X& x) {
+    using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
+    static_assert(TensorLike<X>, "locus: trainer::step takes tensors or tensor_views");
+    static_assert(locus::detail::require_batch_on_model_device<typename tr::device, device>());
+    static_assert(tr::rank == 2, "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
+                                 "with x.reshape({batch, rows * cols})");
+    using T = typename tr::value_type;
+    const auto v = locus::detail::as_view_const(x);
+    if constexpr (std::is_same_v<T, C>) {
+      return v;
+    } else {
+      static_assert(std::is_floating_point_v<T> || is_half_v<T>,
+                    "locus: the trainer's input batch holds floating-point features");
+      if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
+      nn::detail::ensure_shape(x_cast_, v.shape());
+      locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, C>{v.data_handle(), x_cast_.data_handle()});
+      return std::as_const(x_cast_).view();
+    }
+  }
+
+  template <class Y>
+  auto target(const Y& y) {
+    using tr = locus::detail::tensor_traits<std::remove_cvref_t<Y>>;
+    static_assert(TensorLike<Y>, "locus: trainer::step takes tensors or tensor_views");
+    static_assert(locus::detail::require_batch_on_model_device<typename tr::device, device>());
+    using want = typename loss_state::target_view;
+    using T = typename tr::value_type;
+    using W = std::remove_cv_t<typename want::element_type>;
+    const auto v = locus::detail::as_view_const(y);
+    if constexpr (std::is_same_v<T, W>) {
+      return want(v);
+    } else {
+      static_assert((std::is_floating_point_v<T> || is_half_v<T>) && (std::is_floating_point_v<W> || is_half_v<W>),
+                    "locus: the target's dtype does not fit the loss: cross_entropy takes i64 labels");
+      static_assert(tr::rank == want::rank, "locus: the target's rank does not fit the loss");
+      nn::detail::ensure_shape(y_cast_, v.shape());
+      locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, W>{v.data_handle(), y_cast_.data_handle()});
+      return want(std::as_const(y_cast_).view());
+    }
+  }
+
+  void optimizer_step() {
+    auto& store = model_->parameters();
+    if (o_.schedule) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
+    if constexpr (has_scaler) {
+      scaler_->unscale(store);
+      opt_->step(scaler_->state());
+      scaler_->update();
+    } else if (o_.check_finite) {
+      locus::detail::launch_n<device>(1, locus::detail::check_begin_kernel{guard_state()});
+      locus::detail::launch_n<device>(
+          store.size(), locus::detail::check_grads_kernel<typename policy::master>{
+                            store.grad().data_handle(), guard_state(), store.offsets_data(), guard_flags_.data_handle(),
+                            static_cast<int>(store.count()), false});
+      locus::detail::launch_n<device>(1, locus::detail::guard_end_kernel{guard_state(), micro_step_ - 1});
+      opt_->step(guard_state());
+    } else {
+      opt_->step(nullptr);
+    }
+    store.zero_grad();
+    micro_ = 0;
+    ++optimizer_steps_;
+  }
+
+  /// Throws what the device recorded: a bad label, a non-finite gradient.
+  void check() {
+    loss_.check_labels();
+    if constexpr (!has_scaler) {
+      if (!o_.check_finite) return;
+      const auto h = to<cpu>(guard_);
+      locus::detail::step_state s;
+      std::memcpy(&s, h.data_handle(), sizeof s);
+      if (!s.sticky) return;
+      const auto flags = to<cpu>(guard_flags_);
+      const auto& entries = model_->parameters().entries();
+      std::string first, all;
+      for (std::size_t i = entries.size(); i-- > 0;) {  // backward order: last layer first
+        if (!flags(static_cast<index_t>(i))) continue;
+        if (first.empty()) first = entries[i].name;
+        all += (all.empty() ? "" : ", ") + entries[i].name;
+      }
+      throw non_finite_error("locus: training stopped: a non-finite gradient at step " + std::to_string(s.bad_step) +
+                                 " (micro-batch, counted from 0); it went non-finite first in '" + first +
+                                 "' (all affected: " + all +
+                                 "). The weights are those before that step. Lower the learning rate, check the "
+                                 "inputs for inf/NaN, or train with a grad scaler.",
+                             s.bad_step, first);
+    }
+  }
+
+  Model* model_;
+  Optimizer* opt_;
+  loss_state loss_;
+  Scaler* scaler_ = nullptr;
+  options o_;
+  double base_lr_ = 0.0;
+  int micro_ = 0;
+  std::int64_t micro_step_ = 0, optimizer_steps_ = 0, epochs_done_ = 0, running_samples_ = 0;
+  tensor<A, device, 1> running_;
+  tensor<std::int64_t, device, 1> guard_;
+  tensor<int, device, 1> guard_flags_;
+  tensor<C, device, 2> x_cast_;
+  tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
+};
+
+template <class Model, class Optimizer, class Loss>
+trainer(Model&, Optimizer&, Loss, options = {}) -> trainer<Model, Optimizer, Loss, no_scaler>;
+template <class Model, class Optimizer, class Loss, class Scaler>
+  requires(!std::is_same_v<Scaler, options>)
+trainer(Model&, Optimizer&, Loss, Scaler&, options = {}) -> trainer<Model, Optimizer, Loss, Scaler>;
+
+/// The largest batch size in [1, limit] whose training step fits in memory: doubles from
+/// `start` while probe() succeeds, then bisects between the last fit and the first
+/// out_of_memory (what the PyTorch guides' find_max_batch_size does). make(b) returns
+/// an (x, y) pair of b samples on the model's device. Returns 0 if not even 1 fits.
+template <class Trainer, class Make>
+index_t find_max_batch_size(Trainer& t, Make&& make, index_t start = 16, index_t limit = index_t{1} << 16) {
+  auto fits = [&](index_t b) {
+    try {
+      auto [x, y] = make(b);
+      t.probe(x, y);
+      return true;
+    } catch (const out_of_memory&) {
+      return false;
+    }
+  };
+  if (start < 1) start = 1;
+  if (start > limit) start = limit;
+  index_t good = 0, bad = limit + 1;
+  index_t b = start;
+  while (b <= limit) {
+    if (fits(b)) {
+      good = b;
+      if (b == limit) break;
+      b = b * 2 > limit ? limit : b * 2;
+    } else {
+      bad = b;
+      break;
+    }
+  }
+  if (good == 0) {  // even start failed: search below it
+    bad = start;
+    index_t lo = 0;
+    while (bad - lo > 1) {
+      const index_t mid = lo + (bad - lo) / 2;
+      if (fits(mid)) lo = mid;
+      else bad = mid;
+    }
+    return lo;
+  }
+  while (bad - good > 1) {
+    const index_t mid = good + (bad - good) / 2;
+    if (fits(mid)) good = mid;
+    else bad = mid;
+  }
+  return good;
+}
+
+}  // namespace locus::train
