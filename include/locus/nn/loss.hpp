@@ -26,12 +26,26 @@
 
 namespace locus::nn {
 
+template <Device D, class Policy>
+class cross_entropy_state;
+template <Device D, class Policy>
+class mse_state;
+
 /// Cross-entropy from logits with mean reduction and optional label smoothing.
 struct cross_entropy {
   float label_smoothing = 0.0f;
-
   template <Device D, class Policy>
-  class state {
+  using state = cross_entropy_state<D, Policy>;
+};
+
+/// Mean squared error between outputs and targets of the same shape.
+struct mse {
+  template <Device D, class Policy>
+  using state = mse_state<D, Policy>;
+};
+
+template <Device D, class Policy>
+class cross_entropy_state {
    public:
     using C = typename Policy::compute;
     using A = locus::detail::compute_t<C>;
@@ -39,7 +53,7 @@ struct cross_entropy {
     using target_view = tensor_view<const std::int64_t, D, 1>;
     static constexpr bool classifies = true;
 
-    explicit state(cross_entropy o = {}) : eps_(static_cast<A>(o.label_smoothing)) {
+    explicit cross_entropy_state(cross_entropy o) : eps_(static_cast<A>(o.label_smoothing)) {
       if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
         throw std::invalid_argument("locus: label_smoothing must be in [0, 1], got " +
                                     std::to_string(o.label_smoothing));
@@ -102,13 +116,10 @@ struct cross_entropy {
     tensor<A, D, 1> row_loss_, row_correct_;
     tensor<C, D, 2> gx_;
     tensor<std::int64_t, D, 1> bad_;
-  };
 };
 
-/// Mean squared error between outputs and targets of the same shape.
-struct mse {
-  template <Device D, class Policy>
-  class state {
+template <Device D, class Policy>
+class mse_state {
    public:
     using C = typename Policy::compute;
     using A = locus::detail::compute_t<C>;
@@ -116,7 +127,7 @@ struct mse {
     using target_view = tensor_view<const C, D, 2>;
     static constexpr bool classifies = false;
 
-    explicit state(mse = {}) {}
+    explicit mse_state(mse) {}
 
     tensor<A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
                             double factor = 1.0) {
@@ -154,7 +165,6 @@ struct mse {
     A factor_ = A(1);
     tensor<A, D, 1> d2_;
     tensor<C, D, 2> gx_;
-  };
 };
 
 }  // namespace locus::nn

@@ -119,7 +119,15 @@ constexpr bool check_trainer() {
 }
 }  // namespace detail
 
-template <class Model, class Optimizer, class Loss, class Scaler = no_scaler>
+/// no_scaler, or a loss scaler such as amp::grad_scaler<D>.
+template <class S>
+concept scaler_or_none = std::is_same_v<S, no_scaler> || requires(S& s) {
+  s.scale_ptr();
+  s.update();
+  s.state();
+};
+
+template <class Model, class Optimizer, class Loss, scaler_or_none Scaler = no_scaler>
 class trainer {
   static_assert(detail::check_trainer<Model, Optimizer, Scaler>());
 
@@ -133,12 +141,12 @@ class trainer {
   static constexpr const char* optimizer_kind = Optimizer::kind;
 
   trainer(Model& model, Optimizer& opt, Loss loss = {}, options o = {})
-    requires(!has_scaler)
+    requires(std::is_same_v<Scaler, no_scaler>)
       : model_(&model), opt_(&opt), loss_(loss), o_(std::move(o)) {
     init();
   }
   trainer(Model& model, Optimizer& opt, Loss loss, Scaler& scaler, options o = {})
-    requires(has_scaler)
+    requires(!std::is_same_v<Scaler, no_scaler>)
       : model_(&model), opt_(&opt), loss_(loss), scaler_(&scaler), o_(std::move(o)) {
     init();
   }
@@ -147,6 +155,7 @@ class trainer {
   /// target (i64 labels [B] for cross_entropy), both on the model's device.
   template <class X, class Y>
   void step(const X& x, const Y& y) {
+    if constexpr (!check_batch<X, Y>()) return;
     auto xv = input(x);
     auto yv = target(y);
     try {
@@ -174,6 +183,7 @@ class trainer {
   /// a training step of this batch size needs in memory (find_max_batch_size).
   template <class X, class Y>
   void probe(const X& x, const Y& y) {
+    if constexpr (!check_batch<X, Y>()) return;
     auto xv = input(x);
     auto yv = target(y);
     try {
@@ -215,7 +225,7 @@ class trainer {
   metrics train_epoch(Loader& batches, const epoch_options& eo = {}) {
     if constexpr (requires { batches.set_epoch(std::uint64_t{}); }) batches.set_epoch(static_cast<std::uint64_t>(eo.epoch));
     std::int64_t total = 0;
-    if constexpr (requires { batches.batches(); }) total = static_cast<std::int64_t>(batches.batches());
+    if constexpr (requires { batches.size(); }) total = static_cast<std::int64_t>(batches.size());
     report();  // start from zero
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t count = 0, samples = 0;
@@ -280,6 +290,8 @@ class trainer {
   Model& model() noexcept { return *model_; }
   Optimizer& optimizer() noexcept { return *opt_; }
   const options& opts() const noexcept { return o_; }
+  /// The learning-rate schedule from now on (optimizer steps count from 0).
+  void set_schedule(optim::schedule s) { o_.schedule = std::move(s); }
   loss_state& loss() noexcept { return loss_; }
   [[nodiscard]] std::int64_t micro_steps() const noexcept { return micro_step_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
@@ -303,6 +315,14 @@ class trainer {
   }
 
  private:
+  template <class X, class Y>
+  static constexpr bool check_batch() {
+    using DX = typename locus::detail::tensor_traits<std::remove_cvref_t<X>>::device;
+    using DY = typename locus::detail::tensor_traits<std::remove_cvref_t<Y>>::device;
+    return locus::detail::require_batch_on_model_device<DX, device>() &&
+           locus::detail::require_batch_on_model_device<DY, device>();
+  }
+
   void init() {
     if (o_.accumulate < 1)
       throw std::invalid_argument("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
@@ -326,12 +346,13 @@ class trainer {
   tensor_view<const C, device, 2> input(const X& x) {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
     static_assert(TensorLike<X>, "locus: trainer::step takes tensors or tensor_views");
-    static_assert(locus::detail::require_batch_on_model_device<typename tr::device, device>());
     static_assert(tr::rank == 2, "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
                                  "with x.reshape({batch, rows * cols})");
     using T = typename tr::value_type;
     const auto v = locus::detail::as_view_const(x);
-    if constexpr (std::is_same_v<T, C>) {
+    if constexpr (!std::is_same_v<typename tr::device, device>) {
+      return tensor_view<const C, device, 2>{};  // check_batch() reported it
+    } else if constexpr (std::is_same_v<T, C>) {
       return v;
     } else {
       static_assert(std::is_floating_point_v<T> || is_half_v<T>,
@@ -347,12 +368,13 @@ class trainer {
   auto target(const Y& y) {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<Y>>;
     static_assert(TensorLike<Y>, "locus: trainer::step takes tensors or tensor_views");
-    static_assert(locus::detail::require_batch_on_model_device<typename tr::device, device>());
     using want = typename loss_state::target_view;
     using T = typename tr::value_type;
     using W = std::remove_cv_t<typename want::element_type>;
     const auto v = locus::detail::as_view_const(y);
-    if constexpr (std::is_same_v<T, W>) {
+    if constexpr (!std::is_same_v<typename tr::device, device>) {
+      return want{};  // check_batch() reported it
+    } else if constexpr (std::is_same_v<T, W>) {
       return want(v);
     } else {
       static_assert((std::is_floating_point_v<T> || is_half_v<T>) && (std::is_floating_point_v<W> || is_half_v<W>),
@@ -430,8 +452,8 @@ class trainer {
 
 template <class Model, class Optimizer, class Loss>
 trainer(Model&, Optimizer&, Loss, options = {}) -> trainer<Model, Optimizer, Loss, no_scaler>;
-template <class Model, class Optimizer, class Loss, class Scaler>
-  requires(!std::is_same_v<Scaler, options>)
+template <class Model, class Optimizer, class Loss, scaler_or_none Scaler>
+  requires(!std::is_same_v<Scaler, no_scaler>)
 trainer(Model&, Optimizer&, Loss, Scaler&, options = {}) -> trainer<Model, Optimizer, Loss, Scaler>;
 
 /// The largest batch size in [1, limit] whose training step fits in memory: doubles from
