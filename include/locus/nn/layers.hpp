@@ -440,7 +440,11 @@ class sequential {
   view forward(const view& x) { return forward_from<0>(x); }
 
   /// Backpropagates dL/d(output); parameter gradients accumulate into the store.
-  void backward(const view& gy) { backward_from<size - 1>(gy); }
+  /// Returns dL/d(input) when need_input_grad (an empty view otherwise: the first layer
+  /// then skips that GEMM).
+  view backward(const view& gy, bool need_input_grad = false) {
+    return backward_from<size - 1>(gy, need_input_grad);
+  }
 
   /// The inference forward: saves nothing.
   tensor<C, device, 2> infer(const view& x) const { return infer_from<0>(x); }
@@ -491,16 +495,17 @@ class sequential {
   }
 
   template <std::size_t I>
-  void backward_from(const view& gy) {
+  view backward_from(const view& gy, bool need_input_grad) {
     auto& l = std::get<I>(layers_);
     if constexpr (std::remove_reference_t<decltype(l)>::is_activation) {
       if (l.fused()) {  // the linear layer before it differentiates both
-        if constexpr (I > 0) backward_from<I - 1>(gy);
-        return;
+        if constexpr (I > 0) return backward_from<I - 1>(gy, need_input_grad);
+        else return gy;
       }
     }
-    const view g = l.backward(gy, I > 0);
-    if constexpr (I > 0) backward_from<I - 1>(g);
+    const view g = l.backward(gy, I > 0 || need_input_grad);
+    if constexpr (I > 0) return backward_from<I - 1>(g, need_input_grad);
+    else return g;
   }
 
   template <std::size_t I>

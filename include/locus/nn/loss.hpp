@@ -46,125 +46,125 @@ struct mse {
 
 template <Device D, class Policy>
 class cross_entropy_state {
-   public:
-    using C = typename Policy::compute;
-    using A = locus::detail::compute_t<C>;
-    using view = tensor_view<const C, D, 2>;
-    using target_view = tensor_view<const std::int64_t, D, 1>;
-    static constexpr bool classifies = true;
+ public:
+  using C = typename Policy::compute;
+  using A = locus::detail::compute_t<C>;
+  using view = tensor_view<const C, D, 2>;
+  using target_view = tensor_view<const std::int64_t, D, 1>;
+  static constexpr bool classifies = true;
 
-    explicit cross_entropy_state(cross_entropy o) : eps_(static_cast<A>(o.label_smoothing)) {
-      if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
-        throw std::invalid_argument("locus: label_smoothing must be in [0, 1], got " +
-                                    std::to_string(o.label_smoothing));
+  explicit cross_entropy_state(cross_entropy o) : eps_(static_cast<A>(o.label_smoothing)) {
+    if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
+      throw std::invalid_argument("locus: label_smoothing must be in [0, 1], got " +
+                                  std::to_string(o.label_smoothing));
+    bad_ = zeros<std::int64_t, D>(extents<1>{3});
+  }
+
+  /// The mean loss (rank 0, on D); the gradient of scale * loss goes to grad().
+  tensor<A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
+                          double factor = 1.0) {
+    factor_ = static_cast<A>(factor);
+    run(logits, labels, true, scale, false);
+    return locus::mean(std::as_const(row_loss_).view());
+  }
+  [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
+
+  /// Summed loss and number of correct predictions of one batch (rank 0, on D).
+  std::pair<tensor<A, D, 0>, tensor<A, D, 0>> evaluate(const view& logits, const target_view& labels) {
+    run(logits, labels, false, nullptr, true);
+    return {locus::sum(std::as_const(row_loss_).view()), locus::sum(std::as_const(row_correct_).view())};
+  }
+
+  /// Throws index_error if a label seen since the last check was outside [0, K)
+  /// (reads three integers back from D).
+  void check_labels() {
+    const auto h = to<cpu>(bad_);
+    if (h(0) != 0) {
+      const std::int64_t row = h(1), value = h(2);
       bad_ = zeros<std::int64_t, D>(extents<1>{3});
+      throw index_error("locus: cross_entropy: label " + std::to_string(value) + " of sample " +
+                        std::to_string(row) + " in the batch is outside [0, " + std::to_string(classes_) +
+                        "); labels must be class indices");
     }
+  }
 
-    /// The mean loss (rank 0, on D); the gradient of scale * loss goes to grad().
-    tensor<A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
-                            double factor = 1.0) {
-      factor_ = static_cast<A>(factor);
-      run(logits, labels, true, scale, false);
-      return locus::mean(std::as_const(row_loss_).view());
+ private:
+  void run(const view& logits, const target_view& labels, bool with_grad, const float* scale, bool correct) {
+    const index_t n = logits.shape()[0], k = logits.shape()[1];
+    if (labels.shape()[0] != n)
+      throw shape_error("locus: cross_entropy got logits of shape " + locus::detail::shape_string(logits.shape()) +
+                        " and " + std::to_string(labels.shape()[0]) + " labels; expected one label per row");
+    if (!logits.is_contiguous() || !labels.is_contiguous())
+      throw shape_error("locus: cross_entropy needs contiguous logits and labels");
+    classes_ = k;
+    if (row_loss_.numel() != n) {
+      row_loss_ = tensor<A, D, 1>(extents<1>{n});
+      row_correct_ = tensor<A, D, 1>(extents<1>{n});
     }
-    [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
+    if (with_grad && gx_.shape() != logits.shape()) gx_ = tensor<C, D, 2>(logits.shape());
+    locus::detail::launch_n<D>(
+        n, locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
+               logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr,
+               row_loss_.data_handle(), correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n,
+               k, eps_, factor_});
+    if constexpr (D::host_accessible) check_labels();
+  }
 
-    /// Summed loss and number of correct predictions of one batch (rank 0, on D).
-    std::pair<tensor<A, D, 0>, tensor<A, D, 0>> evaluate(const view& logits, const target_view& labels) {
-      run(logits, labels, false, nullptr, true);
-      return {locus::sum(std::as_const(row_loss_).view()), locus::sum(std::as_const(row_correct_).view())};
-    }
-
-    /// Throws index_error if a label seen since the last check was outside [0, K)
-    /// (reads three integers back from D).
-    void check_labels() {
-      const auto h = to<cpu>(bad_);
-      if (h(0) != 0) {
-        const std::int64_t row = h(1), value = h(2);
-        bad_ = zeros<std::int64_t, D>(extents<1>{3});
-        throw index_error("locus: cross_entropy: label " + std::to_string(value) + " of sample " +
-                          std::to_string(row) + " in the batch is outside [0, " + std::to_string(classes_) +
-                          "); labels must be class indices");
-      }
-    }
-
-   private:
-    void run(const view& logits, const target_view& labels, bool with_grad, const float* scale, bool correct) {
-      const index_t n = logits.shape()[0], k = logits.shape()[1];
-      if (labels.shape()[0] != n)
-        throw shape_error("locus: cross_entropy got logits of shape " + locus::detail::shape_string(logits.shape()) +
-                          " and " + std::to_string(labels.shape()[0]) + " labels; expected one label per row");
-      if (!logits.is_contiguous() || !labels.is_contiguous())
-        throw shape_error("locus: cross_entropy needs contiguous logits and labels");
-      classes_ = k;
-      if (row_loss_.numel() != n) {
-        row_loss_ = tensor<A, D, 1>(extents<1>{n});
-        row_correct_ = tensor<A, D, 1>(extents<1>{n});
-      }
-      if (with_grad && gx_.shape() != logits.shape()) gx_ = tensor<C, D, 2>(logits.shape());
-      locus::detail::launch_n<D>(
-          n, locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
-                 logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr,
-                 row_loss_.data_handle(), correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n,
-                 k, eps_, factor_});
-      if constexpr (D::host_accessible) check_labels();
-    }
-
-    A eps_;
-    A factor_ = A(1);
-    index_t classes_ = 0;
-    tensor<A, D, 1> row_loss_, row_correct_;
-    tensor<C, D, 2> gx_;
-    tensor<std::int64_t, D, 1> bad_;
+  A eps_;
+  A factor_ = A(1);
+  index_t classes_ = 0;
+  tensor<A, D, 1> row_loss_, row_correct_;
+  tensor<C, D, 2> gx_;
+  tensor<std::int64_t, D, 1> bad_;
 };
 
 template <Device D, class Policy>
 class mse_state {
-   public:
-    using C = typename Policy::compute;
-    using A = locus::detail::compute_t<C>;
-    using view = tensor_view<const C, D, 2>;
-    using target_view = tensor_view<const C, D, 2>;
-    static constexpr bool classifies = false;
+ public:
+  using C = typename Policy::compute;
+  using A = locus::detail::compute_t<C>;
+  using view = tensor_view<const C, D, 2>;
+  using target_view = tensor_view<const C, D, 2>;
+  static constexpr bool classifies = false;
 
-    explicit mse_state(mse) {}
+  explicit mse_state(mse) {}
 
-    tensor<A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
-                            double factor = 1.0) {
-      factor_ = static_cast<A>(factor);
-      run(out, target, true, scale);
-      return locus::mean(std::as_const(d2_).view());
-    }
-    [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
+  tensor<A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
+                          double factor = 1.0) {
+    factor_ = static_cast<A>(factor);
+    run(out, target, true, scale);
+    return locus::mean(std::as_const(d2_).view());
+  }
+  [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
 
-    /// Summed squared error over the batch divided by the features (the per-sample mean,
-    /// summed), and zero correct predictions.
-    std::pair<tensor<A, D, 0>, tensor<A, D, 0>> evaluate(const view& out, const target_view& target) {
-      run(out, target, false, nullptr);
-      auto s = locus::sum(std::as_const(d2_).view());
-      const index_t k = out.shape()[1];
-      tensor<A, D, 0> per_sample = s * static_cast<A>(1.0 / static_cast<double>(k));
-      return {std::move(per_sample), zeros<A, D>(extents<0>{})};
-    }
-    void check_labels() {}
+  /// Summed squared error over the batch divided by the features (the per-sample mean,
+  /// summed), and zero correct predictions.
+  std::pair<tensor<A, D, 0>, tensor<A, D, 0>> evaluate(const view& out, const target_view& target) {
+    run(out, target, false, nullptr);
+    auto s = locus::sum(std::as_const(d2_).view());
+    const index_t k = out.shape()[1];
+    tensor<A, D, 0> per_sample = s * static_cast<A>(1.0 / static_cast<double>(k));
+    return {std::move(per_sample), zeros<A, D>(extents<0>{})};
+  }
+  void check_labels() {}
 
-   private:
-    void run(const view& out, const target_view& target, bool with_grad, const float* scale) {
-      if (out.shape() != target.shape())
-        throw shape_error("locus: mse got outputs of shape " + locus::detail::shape_string(out.shape()) +
-                          " and targets of shape " + locus::detail::shape_string(target.shape()));
-      if (!out.is_contiguous() || !target.is_contiguous())
-        throw shape_error("locus: mse needs contiguous outputs and targets");
-      const index_t n = out.numel();
-      if (d2_.numel() != n) d2_ = tensor<A, D, 1>(extents<1>{n});
-      if (with_grad && gx_.shape() != out.shape()) gx_ = tensor<C, D, 2>(out.shape());
-      locus::detail::launch_n<D>(n, locus::detail::mse_kernel<C, A>{out.data_handle(), target.data_handle(),
-                                                                   with_grad ? gx_.data_handle() : nullptr,
-                                                                   d2_.data_handle(), scale, n, factor_});
-    }
-    A factor_ = A(1);
-    tensor<A, D, 1> d2_;
-    tensor<C, D, 2> gx_;
+ private:
+  void run(const view& out, const target_view& target, bool with_grad, const float* scale) {
+    if (out.shape() != target.shape())
+      throw shape_error("locus: mse got outputs of shape " + locus::detail::shape_string(out.shape()) +
+                        " and targets of shape " + locus::detail::shape_string(target.shape()));
+    if (!out.is_contiguous() || !target.is_contiguous())
+      throw shape_error("locus: mse needs contiguous outputs and targets");
+    const index_t n = out.numel();
+    if (d2_.numel() != n) d2_ = tensor<A, D, 1>(extents<1>{n});
+    if (with_grad && gx_.shape() != out.shape()) gx_ = tensor<C, D, 2>(out.shape());
+    locus::detail::launch_n<D>(n, locus::detail::mse_kernel<C, A>{out.data_handle(), target.data_handle(),
+                                                                 with_grad ? gx_.data_handle() : nullptr,
+                                                                 d2_.data_handle(), scale, n, factor_});
+  }
+  A factor_ = A(1);
+  tensor<A, D, 1> d2_;
+  tensor<C, D, 2> gx_;
 };
 
 }  // namespace locus::nn

@@ -70,7 +70,7 @@ tensor<T, D, R> zeros(const extents<R>& shape) {
   tensor<T, D, R> t(shape);
   if (t.size_bytes() == 0) return t;
   if constexpr (D::host_accessible) {
-    std::memset(t.data_handle(), 0, t.size_bytes());
+    std::memset(static_cast<void*>(t.data_handle()), 0, t.size_bytes());
   } else {
 #if LOCUS_HAS_CUDA
     LOCUS_CUDA_CHECK(cudaMemsetAsync(t.data_handle(), 0, t.size_bytes(), detail::current_stream()));

@@ -61,7 +61,7 @@ struct no_scaler {
 struct options {
   int accumulate = 1;        ///< micro-batches per optimizer step
   bool check_finite = true;  ///< without a scaler: stop on a non-finite gradient
-  optim::schedule schedule;  ///< lr of each optimizer step (empty: the optimizer's lr)
+  optim::schedule schedule{};  ///< lr of each optimizer step (empty: the optimizer's lr)
 };
 
 /// What report() and the epoch functions return.
@@ -88,7 +88,7 @@ struct progress {
 struct epoch_options {
   std::int64_t epoch = 0;
   std::int64_t report_every = 50;
-  std::function<void(const progress&)> on_progress;
+  std::function<void(const progress&)> on_progress{};
 };
 
 namespace detail {

@@ -1,0 +1,395 @@
+// Device-generic tests of training (included with LOCUS_TEST_DEVICES defined): gradients
+// of every layer and loss against central finite differences in f64, gradient
+// accumulation against one large batch, the grad scaler's skip / back-off / growth, the
+// optimizers against double-precision references of their formulas, and initialisation.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <locus/train.hpp>
+
+namespace locus_train_test {
+
+using locus::index_t;
+namespace nn = locus::nn;
+
+template <class T, class D, std::size_t R>
+std::vector<double> host_values(const locus::tensor_view<T, D, R>& v) {
+  auto h = locus::to<locus::cpu>(v);
+  std::vector<double> out;
+  for (const auto& x : h.span()) out.push_back(static_cast<double>(locus::detail::load(x)));
+  return out;
+}
+
+/// Overwrites element i of a device buffer of doubles (through the host).
+template <class D>
+void set_element(double* device_ptr, index_t n, index_t i, double value) {
+  locus::tensor_view<double, D, 1> v(device_ptr, locus::extents<1>{n});
+  auto h = locus::to<locus::cpu>(v);
+  h(i) = value;
+  locus::copy(h, v);
+}
+template <class D>
+double get_element(const double* device_ptr, index_t n, index_t i) {
+  locus::tensor_view<const double, D, 1> v(device_ptr, locus::extents<1>{n});
+  return locus::to<locus::cpu>(v)(i);
+}
+
+/// Indices spread over [0, n): at most k of them.
+inline std::vector<index_t> sample_indices(index_t n, index_t k) {
+  std::vector<index_t> out;
+  if (n <= k) {
+    for (index_t i = 0; i < n; ++i) out.push_back(i);
+  } else {
+    for (index_t j = 0; j < k; ++j) out.push_back((j * 7919 + 13) % n);
+  }
+  return out;
+}
+
+/// Checks d(sum(model(x) * r))/d(parameters and inputs) against central differences in
+/// f64. The loss is recomputed with the training forward (dropout's counter reset, so
+/// the mask is the same).
+template <class D, class Model>
+void check_model_gradients(Model& model, index_t batch, index_t features, index_t outputs) {
+  auto x = locus::randn<double, D>({batch, features}, 101);
+  auto r = locus::randn<double, D>({batch, outputs}, 202);
+  auto reset_rng = [&] {
+    model.for_each_layer([](std::size_t, auto& l) {
+      if constexpr (requires { l.set_counter(std::uint64_t{}); }) l.set_counter(0);
+    });
+  };
+  const std::vector<double> rh = host_values(std::as_const(r).view());
+  auto loss = [&]() {
+    reset_rng();
+    const auto y = host_values(model.forward(std::as_const(x).view()));
+    double s = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * rh[i];
+    return s;
+  };
+
+  auto& store = model.parameters();
+  store.zero_grad();
+  reset_rng();
+  model.forward(std::as_const(x).view());
+  const auto gx = host_values(model.backward(std::as_const(r).view(), true));
+  const auto gp = host_values(std::as_const(store).grad());
+
+  const double h = 1e-6;
+  const auto check = [&](double analytic, double plus, double minus, const std::string& what) {
+    const double numeric = (plus - minus) / (2 * h);
+    INFO(what << ": analytic " << analytic << ", finite difference " << numeric);
+    CHECK(std::abs(analytic - numeric) <= 1e-6 * std::max(1.0, std::abs(numeric)));
+  };
+  // parameters
+  double* p = store.master().data_handle();
+  for (const auto& e : store.entries()) {
+    for (index_t j : sample_indices(e.numel, 6)) {
+      const index_t i = e.offset + j;
+      const double v0 = get_element<D>(p, store.size(), i);
+      set_element<D>(p, store.size(), i, v0 + h);
+      const double lp = loss();
+      set_element<D>(p, store.size(), i, v0 - h);
+      const double lm = loss();
+      set_element<D>(p, store.size(), i, v0);
+      check(gp[static_cast<std::size_t>(i)], lp, lm, e.name + "[" + std::to_string(j) + "]");
+    }
+  }
+  // inputs
+  for (index_t i : sample_indices(batch * features, 10)) {
+    const double v0 = get_element<D>(x.data_handle(), x.numel(), i);
+    set_element<D>(x.data_handle(), x.numel(), i, v0 + h);
+    const double lp = loss();
+    set_element<D>(x.data_handle(), x.numel(), i, v0 - h);
+    const double lm = loss();
+    set_element<D>(x.data_handle(), x.numel(), i, v0);
+    check(gx[static_cast<std::size_t>(i)], lp, lm, "input[" + std::to_string(i) + "]");
+  }
+}
+
+/// d(loss)/d(out) of a loss state against central differences in f64.
+template <class D, class State, class Target>
+void check_loss_gradient(State& st, locus::tensor<double, D, 2>& out, const Target& target) {
+  const auto ov = std::as_const(out).view();
+  st.forward(ov, target);
+  const auto g = host_values(st.grad());
+  const double h = 1e-6;
+  for (index_t i : sample_indices(out.numel(), 16)) {
+    const double v0 = get_element<D>(out.data_handle(), out.numel(), i);
+    set_element<D>(out.data_handle(), out.numel(), i, v0 + h);
+    const double lp = locus::to<locus::cpu>(st.forward(ov, target)).item();
+    set_element<D>(out.data_handle(), out.numel(), i, v0 - h);
+    const double lm = locus::to<locus::cpu>(st.forward(ov, target)).item();
+    set_element<D>(out.data_handle(), out.numel(), i, v0);
+    const double numeric = (lp - lm) / (2 * h);
+    INFO("element " << i << ": analytic " << g[static_cast<std::size_t>(i)] << ", finite difference " << numeric);
+    CHECK(std::abs(g[static_cast<std::size_t>(i)] - numeric) <= 1e-7 * std::max(1.0, std::abs(numeric)));
+  }
+}
+
+}  // namespace locus_train_test
+
+using locus::index_t;
+
+TEST_CASE_TEMPLATE("training: every layer's gradients match finite differences in f64", D, LOCUS_TEST_DEVICES) {
+  using locus_train_test::check_model_gradients;
+  using P = locus::amp::fp64;
+  namespace nn = locus::nn;
+  SUBCASE("linear with bias") {
+    nn::sequential m(nn::linear<D, P>(7, 4));
+    check_model_gradients<D>(m, 5, 7, 4);
+  }
+  SUBCASE("linear without bias") {
+    nn::sequential m(nn::linear<D, P>(7, 4, nn::bias::without));
+    check_model_gradients<D>(m, 5, 7, 4);
+  }
+  SUBCASE("linear + relu (fused) + linear") {
+    nn::sequential m(nn::linear<D, P>(7, 6), nn::relu<D, P>(), nn::linear<D, P>(6, 3));
+    check_model_gradients<D>(m, 5, 7, 3);
+  }
+  SUBCASE("linear + gelu (fused) + linear") {
+    nn::sequential m(nn::linear<D, P>(7, 6), nn::gelu<D, P>(), nn::linear<D, P>(6, 3));
+    check_model_gradients<D>(m, 5, 7, 3);
+  }
+  SUBCASE("linear + gelu_tanh, tanh and sigmoid (fused)") {
+    nn::sequential m(nn::linear<D, P>(7, 6), nn::gelu_tanh<D, P>(), nn::linear<D, P>(6, 5), nn::tanh<D, P>(),
+                     nn::linear<D, P>(5, 4), nn::sigmoid<D, P>());
+    check_model_gradients<D>(m, 5, 7, 4);
+  }
+  SUBCASE("stand-alone activations and dropout") {
+    nn::sequential m(nn::relu<D, P>(), nn::gelu<D, P>(), nn::gelu_tanh<D, P>(), nn::tanh<D, P>(),
+                     nn::sigmoid<D, P>(), nn::dropout<D, P>(0.3f, 9));
+    check_model_gradients<D>(m, 4, 6, 6);
+  }
+  SUBCASE("linear + relu with a hook (not fused) matches the fused path") {
+    nn::sequential fused(nn::linear<D, P>(7, 6), nn::relu<D, P>(), nn::linear<D, P>(6, 3));
+    nn::sequential hooked(nn::linear<D, P>(7, 6), nn::relu<D, P>(), nn::linear<D, P>(6, 3));
+    int pre = 0, post = 0;
+    hooked.template get<1>().add_forward_pre_hook([&](const auto& x) {
+      ++pre;
+      CHECK(x.shape()[1] == 6);
+    });
+    hooked.template get<0>().add_forward_hook([&](const auto& x, const auto& y) {
+      ++post;
+      CHECK(x.shape()[1] == 7);
+      CHECK(y.shape()[1] == 6);
+    });
+    check_model_gradients<D>(hooked, 5, 7, 3);
+    CHECK(pre > 0);
+    CHECK(post == pre);
+    auto x = locus::randn<double, D>({5, 7}, 3);
+    const auto a = locus_train_test::host_values(fused.forward(std::as_const(x).view()));
+    const auto b = locus_train_test::host_values(hooked.forward(std::as_const(x).view()));
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE_TEMPLATE("training: losses' gradients match finite differences in f64", D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp64;
+  namespace nn = locus::nn;
+  SUBCASE("cross_entropy, plain and with label smoothing") {
+    for (float eps : {0.0f, 0.1f}) {
+      CAPTURE(eps);
+      auto logits = locus::randn<double, D>({6, 5}, 31);
+      auto labels_h = locus::zeros<std::int64_t, locus::cpu>({6});
+      for (index_t i = 0; i < 6; ++i) labels_h(i) = (i * 3) % 5;
+      auto labels = locus::to<D>(labels_h);
+      nn::cross_entropy::state<D, P> st(nn::cross_entropy{eps});
+      locus_train_test::check_loss_gradient<D>(st, logits, std::as_const(labels).view());
+
+      // and the loss itself against a double reference
+      const auto z = locus_train_test::host_values(std::as_const(logits).view());
+      double ref = 0;
+      for (index_t i = 0; i < 6; ++i) {
+        double mx = -1e300, se = 0, sum_logp = 0;
+        for (index_t j = 0; j < 5; ++j) mx = std::max(mx, z[static_cast<std::size_t>(i * 5 + j)]);
+        for (index_t j = 0; j < 5; ++j) se += std::exp(z[static_cast<std::size_t>(i * 5 + j)] - mx);
+        const double lse = mx + std::log(se);
+        for (index_t j = 0; j < 5; ++j) sum_logp += z[static_cast<std::size_t>(i * 5 + j)] - lse;
+        const double e = eps;
+        ref += -(1 - e) * (z[static_cast<std::size_t>(i * 5 + labels_h(i))] - lse) - e / 5.0 * sum_logp;
+      }
+      ref /= 6;
+      const double got = locus::to<locus::cpu>(st.forward(std::as_const(logits).view(), std::as_const(labels).view())).item();
+      CHECK(got == doctest::Approx(ref).epsilon(1e-12));
+    }
+  }
+  SUBCASE("mse") {
+    auto out = locus::randn<double, D>({4, 3}, 41);
+    auto target = locus::randn<double, D>({4, 3}, 42);
+    nn::mse::state<D, P> st(nn::mse{});
+    locus_train_test::check_loss_gradient<D>(st, out, std::as_const(target).view());
+  }
+}
+
+TEST_CASE_TEMPLATE("training: N micro-batches of B accumulate to the update of one batch of N*B", D,
+                   LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  auto make = [] {
+    nn::sequential m(nn::linear<D, P>(12, 16), nn::relu<D, P>(), nn::linear<D, P>(16, 4));
+    m.reset_parameters(5);
+    return m;
+  };
+  auto x = locus::randn<float, D>({32, 12}, 7);
+  auto yh = locus::zeros<std::int64_t, locus::cpu>({32});
+  for (index_t i = 0; i < 32; ++i) yh(i) = (i * 7) % 4;
+  auto y = locus::to<D>(yh);
+
+  auto big = make();
+  locus::optim::sgd<D> opt_big(big.parameters(), {.lr = 0.1, .momentum = 0.9});
+  locus::train::trainer t_big(big, opt_big, nn::cross_entropy{});
+  auto small = make();
+  locus::optim::sgd<D> opt_small(small.parameters(), {.lr = 0.1, .momentum = 0.9});
+  locus::train::trainer t_small(small, opt_small, nn::cross_entropy{}, {.accumulate = 4});
+
+  for (int step = 0; step < 2; ++step) {
+    t_big.step(x, y);
+    for (index_t k = 0; k < 4; ++k) t_small.step(x.slice(8 * k, 8 * k + 8), y.slice(8 * k, 8 * k + 8));
+  }
+  CHECK(t_big.optimizer_steps() == 2);
+  CHECK(t_small.optimizer_steps() == 2);
+  const auto a = locus_train_test::host_values(std::as_const(big.parameters()).master());
+  const auto b = locus_train_test::host_values(std::as_const(small.parameters()).master());
+  const auto a0 = locus_train_test::host_values(std::as_const(make().parameters()).master());
+  double worst = 0, moved = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    moved = std::max(moved, std::abs(a[i] - a0[i]));
+  }
+  CHECK(moved > 1e-3);  // the steps did change the weights
+  CHECK(worst <= 2e-6);
+}
+
+TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step, backs off and grows", D,
+                   LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp16_mixed;
+  namespace nn = locus::nn;
+  nn::sequential m(nn::linear<D, P>(4, 3));
+  auto& store = m.parameters();
+  locus::optim::adamw<D> opt(store, {.lr = 0.01});
+  locus::amp::grad_scaler<D> scaler({.init_scale = 1024.0f, .growth_interval = 3});
+  CHECK(scaler.scale() == 1024.0f);
+
+  const auto before = locus_train_test::host_values(std::as_const(store).master());
+  auto set_grads = [&](float value, bool inject_inf) {
+    auto g = locus::full<float, locus::cpu>({store.size()}, value);
+    if (inject_inf) g(index_t{2}) = std::numeric_limits<float>::infinity();
+    locus::copy(g, store.grad());
+  };
+
+  // an injected inf: the step is skipped and the scale halves
+  set_grads(1024.0f * 0.5f, true);
+  scaler.unscale(store);
+  opt.step(scaler.state());
+  scaler.update();
+  CHECK(scaler.scale() == 512.0f);
+  CHECK(scaler.skipped_steps() == 1);
+  CHECK(opt.steps() == 0);
+  CHECK(locus_train_test::host_values(std::as_const(store).master()) == before);
+
+  // clean steps: unscale divides by the scale exactly; after 3 of them the scale doubles
+  for (int k = 0; k < 3; ++k) {
+    set_grads(512.0f * 0.25f, false);
+    scaler.unscale(store);
+    const auto g = locus_train_test::host_values(std::as_const(store).grad());
+    CHECK(g[0] == 0.25);
+    opt.step(scaler.state());
+    scaler.update();
+    CHECK(scaler.scale() == (k < 2 ? 512.0f : 1024.0f));
+  }
+  CHECK(opt.steps() == 3);
+  CHECK(scaler.skipped_steps() == 1);
+  const auto after = locus_train_test::host_values(std::as_const(store).master());
+  CHECK(after != before);
+  // the f16 compute copy follows the master weights
+  const auto wc = locus_train_test::host_values(m.template get<0>().weight());
+  for (std::size_t i = 0; i < wc.size(); ++i)
+    CHECK(wc[i] == static_cast<double>(static_cast<float>(locus::f16(static_cast<float>(after[i])))));
+}
+
+TEST_CASE_TEMPLATE("training: AdamW and SGD updates equal double-precision references", D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  SUBCASE("adamw") {
+    nn::sequential m(nn::linear<D, P>(5, 3));
+    auto& store = m.parameters();
+    const locus::optim::adamw_options o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
+    locus::optim::adamw<D> opt(store, o);
+    std::vector<double> p = locus_train_test::host_values(std::as_const(store).master());
+    std::vector<double> mm(p.size(), 0.0), vv(p.size(), 0.0);
+    for (int t = 1; t <= 4; ++t) {
+      auto g = locus::randn<float, locus::cpu>({store.size()}, 60 + static_cast<std::uint64_t>(t));
+      locus::copy(g, store.grad());
+      opt.step();
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const double gi = g(static_cast<index_t>(i));
+        p[i] -= o.lr * o.weight_decay * p[i];
+        mm[i] = o.beta1 * mm[i] + (1 - o.beta1) * gi;
+        vv[i] = o.beta2 * vv[i] + (1 - o.beta2) * gi * gi;
+        const double mh = mm[i] / (1 - std::pow(o.beta1, t)), vh = vv[i] / (1 - std::pow(o.beta2, t));
+        p[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+      }
+    }
+    const auto got = locus_train_test::host_values(std::as_const(store).master());
+    for (std::size_t i = 0; i < p.size(); ++i) CHECK(got[i] == doctest::Approx(p[i]).epsilon(1e-5));
+    CHECK(opt.steps() == 4);
+  }
+  SUBCASE("sgd with Nesterov momentum and weight decay") {
+    nn::sequential m(nn::linear<D, P>(5, 3));
+    auto& store = m.parameters();
+    const locus::optim::sgd_options o{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true};
+    locus::optim::sgd<D> opt(store, o);
+    std::vector<double> p = locus_train_test::host_values(std::as_const(store).master());
+    std::vector<double> buf(p.size(), 0.0);
+    for (int t = 1; t <= 4; ++t) {
+      auto g = locus::randn<float, locus::cpu>({store.size()}, 70 + static_cast<std::uint64_t>(t));
+      locus::copy(g, store.grad());
+      opt.step();
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const double d = g(static_cast<index_t>(i)) + o.weight_decay * p[i];
+        buf[i] = t == 1 ? d : o.momentum * buf[i] + d;
+        p[i] -= o.lr * (d + o.momentum * buf[i]);
+      }
+    }
+    const auto got = locus_train_test::host_values(std::as_const(store).master());
+    for (std::size_t i = 0; i < p.size(); ++i) CHECK(got[i] == doctest::Approx(p[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE_TEMPLATE("training: linear layers initialise as PyTorch (U(-1/sqrt(in), 1/sqrt(in))), same on every device",
+                   D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  nn::sequential m(nn::linear<D, P>(400, 300));
+  m.reset_parameters(17);
+  nn::sequential ref(nn::linear<locus::cpu, P>(400, 300));
+  ref.reset_parameters(17);
+  const auto w = locus_train_test::host_values(m.parameters().template master<2>(0));
+  const auto wr = locus_train_test::host_values(ref.parameters().template master<2>(0));
+  CHECK(w == wr);
+  const double bound = 1.0 / std::sqrt(400.0);
+  double mean = 0, var = 0, lo = 1, hi = -1;
+  for (double v : w) {
+    mean += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  mean /= static_cast<double>(w.size());
+  for (double v : w) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(w.size());
+  CHECK(lo >= -bound);
+  CHECK(hi <= bound);
+  CHECK(std::abs(mean) < 0.01 * bound);                                      // 120,000 samples
+  CHECK(var == doctest::Approx(bound * bound / 3.0).epsilon(0.02));          // U(-b, b)
+  nn::sequential other(nn::linear<locus::cpu, P>(400, 300));
+  other.reset_parameters(18);
+  CHECK(locus_train_test::host_values(other.parameters().template master<2>(0)) != wr);
+}
