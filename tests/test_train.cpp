@@ -121,7 +121,7 @@ TEST_CASE("training: fp16_mixed with a grad scaler learns and its scale moves") 
   CHECK(ev.accuracy > 0.8);
 }
 
-TEST_CASE("checkpoints: round trip, and resuming after epoch k gives the same losses bit for bit") {
+TEST_CASE("checkpoints: round trip and resuming after epoch k gives the same losses bit for bit") {
   const fs::path dir = temp_dir("ckpt");
   auto data = synthetic(512, 9);
   auto losses_of = [&](auto& t, auto& dl, int from, int to, std::vector<double>& out) {
@@ -178,7 +178,7 @@ TEST_CASE("checkpoints: round trip, and resuming after epoch k gives the same lo
   fs::remove_all(dir);
 }
 
-TEST_CASE("checkpoints: the file format is safetensors, read back independently") {
+TEST_CASE("checkpoints: the file format is safetensors as read back independently") {
   const fs::path dir = temp_dir("format");
   locus::io::writer w;
   auto a = locus::arange<float, locus::cpu>(6);
@@ -210,7 +210,7 @@ TEST_CASE("checkpoints: the file format is safetensors, read back independently"
   fs::remove_all(dir);
 }
 
-TEST_CASE("checkpoints: missing, truncated and corrupt files throw io_error; another model's shape lists every mismatch") {
+TEST_CASE("checkpoints: missing or truncated or corrupt files throw io_error and another model's shape lists every mismatch") {
   const fs::path dir = temp_dir("bad");
   auto model = synthetic_model(1);
   locus::optim::adamw<locus::cpu> opt(model.parameters());
@@ -254,7 +254,7 @@ TEST_CASE("checkpoints: missing, truncated and corrupt files throw io_error; ano
   fs::remove_all(dir);
 }
 
-TEST_CASE("training: a label outside [0, classes) throws naming the sample and the value") {
+TEST_CASE("training: a label outside the classes throws naming the sample and the value") {
   auto model = synthetic_model(1);
   locus::optim::sgd<locus::cpu> opt(model.parameters());
   locus::train::trainer t(model, opt, nn::cross_entropy{});
@@ -271,7 +271,7 @@ TEST_CASE("training: a label outside [0, classes) throws naming the sample and t
   }
 }
 
-TEST_CASE("training: a non-finite gradient in fp32 stops with the step and the layer, weights as before it") {
+TEST_CASE("training: a non-finite gradient in fp32 stops with the step and the layer and the weights as before it") {
   nn::sequential model(nn::linear<locus::cpu, P32>(16, 8), nn::relu<locus::cpu, P32>(),
                        nn::linear<locus::cpu, P32>(8, 3));
   locus::optim::sgd<locus::cpu> opt(model.parameters(), {.lr = 0.1});

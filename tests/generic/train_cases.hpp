@@ -268,7 +268,7 @@ TEST_CASE_TEMPLATE("training: N micro-batches of B accumulate to the update of o
   CHECK(worst <= 2e-6);
 }
 
-TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step, backs off and grows", D,
+TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step then backs off and grows", D,
                    LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp16_mixed;
   namespace nn = locus::nn;
@@ -364,7 +364,7 @@ TEST_CASE_TEMPLATE("training: AdamW and SGD updates equal double-precision refer
   }
 }
 
-TEST_CASE_TEMPLATE("training: linear layers initialise as PyTorch (U(-1/sqrt(in), 1/sqrt(in))), same on every device",
+TEST_CASE_TEMPLATE("training: linear layers initialise as PyTorch does (uniform within 1/sqrt(in)) and the same on every device",
                    D, LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp32;
   namespace nn = locus::nn;

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
+#include "../ops/expr.hpp"
 #include "../tensor/tensor.hpp"
 #include "../transfer/copy.hpp"
 

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""The tables of bench/run (cpu) and bench/gpu-check (gpu): reads the raw results that
+those scripts leave in one folder and prints a Markdown table of figures and ratios.
+Standard library only (it runs with the system python3, not the PyTorch venv).
+
+  _table.py cpu --dir DIR [--write bench/RESULTS.md] [metadata options]
+  _table.py gpu --dir DIR
+
+cpu: DIR holds, per round R, Google Benchmark JSON r{R}.kernels.json and
+r{R}.matmul.json, the peer scripts' JSON lines r{R}.elementwise.jsonl, r{R}.reduce.jsonl,
+r{R}.matmul_pt.jsonl, r{R}.train_pt.jsonl, bench_train's r{R}.train_locus.jsonl, and
+r{R}.NAME.failed / NAME.skip notes. A ratio is the median over rounds of peer time /
+locus time measured in that round (above 1: locus faster); figures are medians of all
+repetitions of all rounds.
+
+gpu: DIR holds peer.NAME.jsonl (PyTorch with --device cuda) and locus.train_PREC.jsonl
+(bench_train --device cuda); prints PyTorch's figures and locus / PyTorch where locus
+has the same measurement.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+BEGIN, END = "<!-- bench/run begin -->", "<!-- bench/run end -->"
+UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def read_text(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def load_gb(path):
+    """{run_name: {"t": [seconds per iteration, one per repetition], "err": msg, "counters": {...}}}"""
+    out = {}
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return out
+    for b in data.get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        name = b.get("run_name", b.get("name", "?"))
+        if name.endswith("/real_time"):
+            name = name[:-len("/real_time")]
+        e = out.setdefault(name, {"t": [], "err": "", "counters": {}})
+        if b.get("error_occurred"):
+            e["err"] = b.get("error_message", "error")
+            continue
+        e["t"].append(b["real_time"] * UNIT.get(b.get("time_unit", "ns"), 1e-9))
+        for k in ("abs_error", "FLOP/s"):
+            if k in b:
+                e["counters"].setdefault(k, []).append(b[k])
+        if b.get("label"):
+            e["label"] = b["label"]
+    return out
+
+
+def load_jsonl(path):
+    recs = []
+    try:
+        with open(path) as fh:
+            for line in fh:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        recs.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return recs
+
+
+class Side:
+    """One side of a comparison: per round, the cost (seconds per unit of work) and the
+    samples; smaller is better."""
+
+    def __init__(self, label):
+        self.label = label
+        self.round = {}    # round -> cost of that round (median of its repetitions)
+        self.samples = []  # every repetition's cost
+        self.extra = {}    # e.g. abs_error, final_loss
+        self.why = ""      # why there is nothing
+
+    def add(self, r, samples):
+        if samples:
+            self.round[r] = median(samples)
+            self.samples.extend(samples)
+
+    @property
+    def cost(self):
+        return median(self.samples)
+
+
+# ---- cpu --------------------------------------------------------------------------------------
+def fmt_ms(s):
+    ms = s * 1e3
+    return f"{ms:.3g} ms" if ms < 1000 else f"{ms:,.0f} ms"
+
+
+def cpu_rows(d, rounds, torch_ver):
+    def failed(name):
+        notes = [f"round {r}: {read_text(os.path.join(d, f'r{r}.{name}.failed'))}"
+                 for r in rounds if os.path.exists(os.path.join(d, f"r{r}.{name}.failed"))]
+        return "; ".join(notes)
+
+    pt_skip = read_text(os.path.join(d, "pytorch.skip"))
+    gb = {k: {r: load_gb(os.path.join(d, f"r{r}.{k}.json")) for r in rounds} for k in ("kernels", "matmul")}
+    jl = {k: {r: load_jsonl(os.path.join(d, f"r{r}.{k}.jsonl")) for r in rounds}
+          for k in ("elementwise", "reduce", "matmul_pt", "train_pt", "train_locus")}
+
+    def gb_side(kind, name, label):
+        s = Side(label)
+        for r in rounds:
+            e = gb[kind][r].get(name)
+            if e:
+                s.add(r, e["t"])
+                for k, v in e["counters"].items():
+                    s.extra.setdefault(k, []).extend(v)
+                if e["err"]:
+                    s.why = e["err"]
+        if not s.samples and not s.why:
+            s.why = failed(kind) or f"no result for {name}"
+        return s
+
+    def pt_side(kind, match, label):
+        """The fastest PyTorch variant among the records that match."""
+        by_variant = {}
+        for r in rounds:
+            for rec in jl[kind][r]:
+                if all(rec.get(k) == v for k, v in match.items()):
+                    by_variant.setdefault(rec.get("variant", ""), []).append((r, rec))
+        if not by_variant:
+            s = Side(label)
+            s.why = pt_skip or failed(kind) or "no result"
+            return s
+        best = None
+        for variant, recs in by_variant.items():
+            s = Side(f"{label} ({variant})" if variant else label)
+            for r, rec in recs:
+                s.add(r, rec.get("rep_seconds") or [rec["seconds"]])
+                if "abs_error" in rec:
+                    s.extra.setdefault("abs_error", []).append(rec["abs_error"])
+            if best is None or s.cost < best.cost:
+                best = s
+        return best
+
+    def train_side(kind, label, why_missing):
+        s = Side(label)
+        for r in rounds:
+            recs = [x for x in jl[kind][r] if "samples_per_s" in x]
+            if recs:
+                s.add(r, [1.0 / recs[-1]["samples_per_s"]])
+                s.extra.setdefault("final_loss", []).append(recs[-1].get("final_loss"))
+        if not s.samples:
+            s.why = why_missing or failed(kind) or "no result"
+        return s
+
+    tv = f"PyTorch {torch_ver}" if torch_ver else "PyTorch"
+    rows = []
+    n26 = 1 << 26
+
+    def err_txt(s):
+        e = s.extra.get("abs_error")
+        return f", abs. error {median(e):.2g}" if e else ""
+
+    # Fused elementwise
+    loc = gb_side("kernels", "BM_fused_relu_axpb_locus", "locus")
+    rows.append(("fused `relu(a*x+b)`, 2^26 f32", "locus / hand-written OpenMP simd loop", loc,
+                 gb_side("kernels", "BM_fused_relu_axpb_omp_loop", "OpenMP loop"), fmt_ms, 0.9))
+    rows.append(("fused `relu(a*x+b)`, 2^26 f32", "locus / PyTorch", loc,
+                 pt_side("elementwise", {"n": n26}, tv), fmt_ms, None))
+    # Reduction
+    loc = gb_side("kernels", "BM_sum_locus", "locus")
+    rows.append(("`sum`, 2^26 f32", "locus / hand-written OpenMP simd reduction", loc,
+                 gb_side("kernels", "BM_sum_omp_simd_loop", "OpenMP reduction"), fmt_ms, 0.9))
+    rows.append(("`sum`, 2^26 f32", "locus / PyTorch", loc,
+                 pt_side("reduce", {"n": n26}, tv), fmt_ms, None))
+    # Matmul
+    for n in (512, 1024, 2048):
+        def f_mm(s, n=n):
+            return f"{fmt_ms(s)}, {2.0 * n ** 3 / s / 1e9:.1f} GFLOP/s"
+        loc = gb_side("matmul", f"BM_locus_matmul_into/{n}", "locus `matmul_into`")
+        rows.append((f"f32 GEMM {n}³", "locus / direct `cblas_sgemm`", loc,
+                     gb_side("matmul", f"BM_cblas_sgemm/{n}", "cblas_sgemm"), f_mm, 0.95))
+        rows.append((f"f32 GEMM {n}³", "locus / PyTorch", loc,
+                     pt_side("matmul_pt", {"n": n, "dtype": "float32"}, tv), f_mm, None))
+    # Training
+    skip = read_text(os.path.join(d, "train_locus.skip"))
+    f_tr = lambda s: f"{1.0 / s:,.0f} samples/s"  # noqa: E731
+    rows.append(("MLP training epoch, Fashion-MNIST, batch 128, AdamW", "locus / PyTorch",
+                 train_side("train_locus", "locus `bench_train`", skip),
+                 train_side("train_pt", tv, pt_skip), f_tr, 1.5))
+    return rows, err_txt
+
+
+def ratio(loc, peer):
+    rs = [peer.round[r] / loc.round[r] for r in loc.round if r in peer.round and loc.round[r] > 0]
+    return median(rs), len(rs)
+
+
+def cpu_table(rows, err_txt):
+    lines = ["| work | comparison | locus | peer | ratio | target | met? |",
+             "|---|---|---:|---:|---:|---|---|"]
+    missed, notrun = [], []
+    for work, comp, loc, peer, fmt, target in rows:
+        def cell(s):
+            if not s.samples:
+                return f"not run: {s.why}"
+            txt = fmt(s.cost)
+            if "final_loss" in s.extra and s.extra["final_loss"] and s.extra["final_loss"][-1] is not None:
+                txt += f", final loss {median([x for x in s.extra['final_loss'] if x is not None]):.3f}"
+            return txt + err_txt(s)
+        rt, nr = ratio(loc, peer)
+        tgt = f"≥ {target}" if target else "— (measured)"
+        if rt is None:
+            r_txt, met = "—", ("not run" if target else "—")
+            if target:
+                notrun.append(f"{work}: {comp}")
+        else:
+            r_txt = f"{rt:.2f}"
+            if target is None:
+                met = "—"
+            elif rt >= target:
+                met = "yes"
+            else:
+                met = "**NO**"
+                missed.append(f"{work}: {comp} = {rt:.2f}, target ≥ {target}")
+        peer_cell = cell(peer)
+        if peer.samples:
+            peer_cell = f"{peer.label}: {peer_cell}"
+        lines.append(f"| {work} | {comp} | {cell(loc)} | {peer_cell} | {r_txt} | {tgt} | {met} |")
+    tail = []
+    if missed:
+        tail.append("**Targets missed in this run:** " + "; ".join(missed) + ".")
+    if notrun:
+        tail.append("Not measured in this run (no ratio): " + "; ".join(notrun) + ".")
+    if not missed and not notrun:
+        tail.append("Every target was met in this run.")
+    return "\n".join(lines), "\n\n".join(tail)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_main(a):
+    rounds = list(range(1, a.rounds + 1))
+    torch_ver = read_text(os.path.join(a.dir, "torch_version"))
+    rows, err_txt = cpu_rows(a.dir, rounds, torch_ver)
+    table, verdict = cpu_table(rows, err_txt)
+    load_end = " ".join(read_text("/proc/loadavg").split()[:3]) or "?"
+    blas = ""
+    for r in rounds:
+        try:
+            with open(os.path.join(a.dir, f"r{r}.matmul.json")) as fh:
+                blas = json.load(fh).get("context", {}).get("locus_host_gemm", "")
+            break
+        except (OSError, ValueError):
+            continue
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    commands = read_text(os.path.join(a.dir, "commands.txt")).splitlines()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    head = [
+        f"## CPU side by side: locus against hand-written loops, BLAS and PyTorch (bench/run) — {when}",
+        "",
+        f"- Machine: {cpu_model()}, {os.cpu_count()} CPUs; load average at the start {a.load_start}, "
+        f"at the end {load_end}",
+        f"- Threads: {a.threads} on both sides (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for locus, "
+        f"torch.set_num_threads for PyTorch); locus host GEMM: {blas or '?'}",
+        f"- PyTorch: {torch_ver or 'not available'} (run on the CPU; virtual environment {a.venv})",
+        f"- Commit {commit}{dirty}; command: `{a.command.strip()}`, which ran {a.rounds} rounds of "
+        f"{a.reps} repetitions of at least {a.min_time} s, locus and its peer back to back "
+        "(alternating which goes first); in round 1:",
+    ]
+    head += [f"  - `{c}`" for c in commands]
+    head += [
+        "- Ratio: median over the rounds of peer time / locus time within the round (above 1: "
+        "locus is faster); figures: medians of all repetitions. PyTorch's figure is its faster "
+        "variant (named in brackets: `out` = `addcmul(out=)` + `relu_`, `eager` = `relu(a*x+b)`, "
+        "`mm_out` = `mm(out=)`, `matmul` = `a @ b`).",
+        "- This machine may be shared: absolute times drift; ratios measured in one run are what count.",
+        "",
+    ]
+    section = "\n".join(head) + "\n" + table + "\n\n" + verdict + "\n"
+    print()
+    print(section)
+    if a.write:
+        path = a.write
+        old = read_text(path) + "\n" if os.path.exists(path) else ""
+        block = f"{BEGIN}\n{section}{END}"
+        if BEGIN in old and END in old and old.index(BEGIN) < old.index(END):
+            new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+        else:
+            new = old.rstrip("\n") + "\n\n" + block + "\n"
+        with open(path, "w") as fh:
+            fh.write(new if new.endswith("\n") else new + "\n")
+        print(f"bench/run: wrote this section to {os.path.relpath(path)} "
+              f"(between {BEGIN} and {END})", file=sys.stderr)
+
+
+# ---- gpu --------------------------------------------------------------------------------------
+def gpu_main(a):
+    d = a.dir
+    order = ["elementwise", "reduce", "matmul", "matmul_bf16", "mlp_train_fp32", "mlp_train_bf16"]
+    names = [os.path.basename(f)[5:-6] for f in glob.glob(os.path.join(d, "peer.*.jsonl"))]
+    names.sort(key=lambda n: (order.index(n) if n in order else len(order), n))
+    recs = {n: load_jsonl(os.path.join(d, f"peer.{n}.jsonl")) for n in names}
+    locus_train = {}
+    for f in sorted(glob.glob(os.path.join(d, "locus.train_*.jsonl"))):
+        rs = [x for x in load_jsonl(f) if "samples_per_s" in x]
+        if rs:
+            locus_train[os.path.basename(f)[len("locus.train_"):-6]] = rs[-1]
+    rows = []
+    for name, rs in recs.items():
+        for x in rs:
+            n = x.get("name")
+            if n == "elementwise":
+                rows.append((f"`relu(a*x+b)` {x['variant']}, {x['n']} f32",
+                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", "", ""))
+            elif n == "reduce":
+                rows.append((f"`sum`, {x['n']} f32",
+                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", "", ""))
+            elif n == "matmul":
+                tf = " (TF32)" if x.get("tf32") else ""
+                rate = (f"{x['gflops'] / 1e3:.1f} TFLOP/s" if x["gflops"] >= 1000
+                        else f"{x['gflops']:.1f} GFLOP/s")
+                rows.append((f"GEMM {x['n']}³ {x['dtype']}{tf}, {x['variant']}",
+                             f"{x['seconds'] * 1e3:.3g} ms, {rate}", "", ""))
+            elif n == "mlp_train":
+                prec = {"none": "fp32"}.get(x["amp"], x["amp"])
+                loc = locus_train.get(prec)
+                l_txt = r_txt = ""
+                if loc:
+                    l_txt = f"{loc['samples_per_s']:,.0f} samples/s, loss {loc.get('final_loss', float('nan')):.3f}"
+                    r_txt = f"{loc['samples_per_s'] / x['samples_per_s']:.2f}"
+                else:
+                    l_txt = read_text(os.path.join(d, f"locus.train_{prec}.note")) or "bench_train not run"
+                rows.append((f"MLP epoch, batch {x['batch_size']}, {prec}",
+                             f"{x['samples_per_s']:,.0f} samples/s, loss {x['final_loss']:.3f}", l_txt, r_txt))
+    if not rows:
+        return
+    torch_ver = next((x.get("torch") for rs in recs.values() for x in rs if x.get("torch")), "?")
+    dev = next((x.get("device") for rs in recs.values() for x in rs if x.get("device")), "?")
+    print(f"| PyTorch {torch_ver} peer ({dev}) | PyTorch | locus | locus / PyTorch |")
+    print("|---|---:|---:|---:|")
+    for w, p, l, r in rows:
+        print(f"| {w} | {p} | {l or '— (no locus benchmark of this on cuda yet)'} | {r or '—'} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("cpu", "gpu"))
+    p.add_argument("--dir", required=True)
+    p.add_argument("--write", help="cpu: the RESULTS.md whose bench/run section is replaced")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--reps", type=int, default=0)
+    p.add_argument("--min-time", default="?")
+    p.add_argument("--command", default="bench/run")
+    p.add_argument("--venv", default="?")
+    p.add_argument("--load-start", default="?")
+    a = p.parse_args()
+    (cpu_main if a.mode == "cpu" else gpu_main)(a)
+
+
+if __name__ == "__main__":
+    main()
