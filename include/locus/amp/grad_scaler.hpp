@@ -63,8 +63,9 @@ class grad_scaler {
     static_assert(detail::require_scaler_on_model_device<D, MD>());
     if constexpr (std::is_same_v<D, MD>) {
       detail::launch_n<D>(1, detail::check_begin_kernel{state()});
-      detail::launch_n<D>(params.size(), detail::check_grads_kernel<typename Policy::master>{
-                                             params.grad().data_handle(), state(), nullptr, nullptr, 0, true});
+      detail::run_check_grads<D>(detail::check_grads_kernel<typename Policy::master>{params.grad().data_handle(), state(),
+                                                                                    nullptr, nullptr, 0, true},
+                                 params.size());
     }
   }
 

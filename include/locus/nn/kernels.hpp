@@ -361,6 +361,42 @@ struct check_grads_kernel {
   }
 };
 
+/// check_grads_kernel on the host: the scalars read once, a vectorised pass that only
+/// detects, and the per-element kernel again only when something was non-finite.
+template <class M>
+void check_grads_host(const check_grads_kernel<M>& k, index_t n) {
+  if (k.st->sticky) return;
+  M* __restrict g = k.g;
+  const M inv = M(1) / static_cast<M>(k.st->scale);
+  int bad = 0;
+  [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
+  if (k.unscale) {
+#if defined(_OPENMP)
+#pragma omp parallel for simd reduction(| : bad) if (parallel)
+#endif
+    for (index_t i = 0; i < n; ++i) {
+      const M v = g[i] * inv;
+      g[i] = v;
+      bad |= !finite(v);
+    }
+  } else {
+#if defined(_OPENMP)
+#pragma omp parallel for simd reduction(| : bad) if (parallel)
+#endif
+    for (index_t i = 0; i < n; ++i) bad |= !finite(g[i]);
+  }
+  if (!bad) return;
+  check_grads_kernel<M> again = k;
+  again.unscale = false;  // already divided
+  for (index_t i = 0; i < n; ++i) again(i);
+}
+
+template <class D, class M>
+void run_check_grads(const check_grads_kernel<M>& k, index_t n) {
+  if constexpr (D::host_accessible) check_grads_host(k, n);
+  else launch_n<D>(n, k);
+}
+
 /// After the check, for the non-finite guard (no scaler): trips it on the first bad step.
 struct guard_end_kernel {
   step_state* st;
@@ -450,6 +486,37 @@ struct adamw_kernel {
   }
 };
 
+/// adamw_kernel on the host: scalars read once, restrict pointers, one vectorised
+/// OpenMP pass (the same arithmetic, in the same order).
+template <class C>
+void adamw_host(const adamw_kernel<C>& k, index_t n) {
+  if (k.sc->skip) return;
+  float* __restrict p = k.p;
+  const float* __restrict g = k.g;
+  float* __restrict m = k.m;
+  float* __restrict v = k.v;
+  C* __restrict pc = k.pc;
+  const float lr = k.lr, b1 = k.beta1, b2 = k.beta2, eps = k.eps, wd = k.weight_decay;
+  const float bias1 = k.sc->bias1, bias2 = k.sc->bias2;
+  [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
+#if defined(_OPENMP)
+#pragma omp parallel for simd if (parallel)
+#endif
+  for (index_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    float pi = p[i];
+    pi -= lr * wd * pi;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = m_sqrt(vi / bias2) + eps;
+    pi -= lr * (mi / bias1) / denom;
+    p[i] = pi;
+    if constexpr (!std::is_same_v<C, float>) pc[i] = store<C>(pi);
+  }
+}
+
 /// SGD with momentum (PyTorch's formulation: buf = mu buf + g (+ dampening), Nesterov
 /// uses g + mu buf) and L2 weight decay added to the gradient.
 template <class C>
@@ -474,5 +541,21 @@ struct sgd_kernel {
     if (pc) pc[i] = store<C>(pi);
   }
 };
+
+}  // namespace locus::detail
+
+namespace locus::detail {
+
+template <class D, class C>
+void run_adamw(const adamw_kernel<C>& k, index_t n) {
+  if constexpr (D::host_accessible) {
+    if constexpr (std::is_same_v<C, float>) {
+      if (k.pc == nullptr) return adamw_host(k, n);
+    } else {
+      return adamw_host(k, n);
+    }
+  }
+  launch_n<D>(n, k);
+}
 
 }  // namespace locus::detail

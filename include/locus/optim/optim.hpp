@@ -118,11 +118,12 @@ class adamw {
                                                                       static_cast<float>(o_.beta2)});
     detail::with_compute(params_.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
-      locus::detail::launch_n<D>(params_.n, locus::detail::adamw_kernel<C>{
+      locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{
                                                 params_.p, params_.g, m_.data_handle(), v_.data_handle(),
                                                 static_cast<C*>(params_.pc), sc, static_cast<float>(o_.lr),
                                                 static_cast<float>(o_.beta1), static_cast<float>(o_.beta2),
-                                                static_cast<float>(o_.eps), static_cast<float>(o_.weight_decay)});
+                                                static_cast<float>(o_.eps), static_cast<float>(o_.weight_decay)},
+                                  params_.n);
     });
   }
 

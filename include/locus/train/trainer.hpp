@@ -395,10 +395,11 @@ class trainer {
       scaler_->update();
     } else if (o_.check_finite) {
       locus::detail::launch_n<device>(1, locus::detail::check_begin_kernel{guard_state()});
-      locus::detail::launch_n<device>(
-          store.size(), locus::detail::check_grads_kernel<typename policy::master>{
-                            store.grad().data_handle(), guard_state(), store.offsets_data(), guard_flags_.data_handle(),
-                            static_cast<int>(store.count()), false});
+      locus::detail::run_check_grads<device>(
+          locus::detail::check_grads_kernel<typename policy::master>{store.grad().data_handle(), guard_state(),
+                                                                     store.offsets_data(), guard_flags_.data_handle(),
+                                                                     static_cast<int>(store.count()), false},
+          store.size());
       locus::detail::launch_n<device>(1, locus::detail::guard_end_kernel{guard_state(), micro_step_ - 1});
       opt_->step(guard_state());
     } else {
