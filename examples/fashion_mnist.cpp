@@ -28,7 +28,7 @@ struct config {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string device = "auto";
   std::string precision;  // default: bf16 on cuda, fp32 on cpu
-  int epochs = 10;
+  int epochs = 15;
   std::string batch_size = "128";
   double lr = 1e-3;
   int accumulate = 1;
