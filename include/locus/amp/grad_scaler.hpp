@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "../core/error.hpp"
+#include "../core/rules_train.hpp"
 #include "../nn/kernels.hpp"
 #include "../nn/parameters.hpp"
 #include "../tensor/factories.hpp"

@@ -16,6 +16,7 @@
 
 #include "../core/dtype.hpp"
 #include "../core/rules.hpp"
+#include "../core/rules_train.hpp"
 
 namespace locus::amp {
 

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "../core/rules.hpp"
+#include "../core/rules_train.hpp"
 #include "../nn/kernels.hpp"
 #include "../nn/parameters.hpp"
 #include "../tensor/factories.hpp"
