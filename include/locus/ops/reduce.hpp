@@ -22,6 +22,7 @@
 
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
 #include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #endif
@@ -313,6 +314,73 @@ void cub_reduce(In in, Out* out, index_t n, Op op, Init init) {
   }
   alloc.deallocate(tmp);  // stream-ordered reuse: safe
 }
+
+/// Offset of segment s: s * len (begin offsets; end offsets are the same shifted by one).
+struct segment_offset {
+  index_t len;
+  LOCUS_HOST_DEVICE index_t operator()(index_t s) const { return s * len; }
+};
+
+/// out[o] = Out(v[o] * scale): the finishing pass of a segmented mean.
+template <class A, class Out>
+struct scale_store {
+  const A* v;
+  Out* out;
+  A scale;
+  LOCUS_HOST_DEVICE void operator()(index_t o) const { out[o] = store<Out>(v[o] * scale); }
+};
+
+/// cub::DeviceSegmentedReduce over `segments` consecutive runs of `len` elements of a
+/// reader (the innermost axis, contiguous in row-major order), in A, into out (device).
+template <class In, class A, class Op>
+void cub_segmented_reduce(In in, A* out, index_t segments, index_t len, Op op, A init) {
+  using thrust::counting_iterator;
+  using thrust::make_transform_iterator;
+  auto begins = make_transform_iterator(counting_iterator<index_t>(0), segment_offset{len});
+  auto ends = make_transform_iterator(counting_iterator<index_t>(1), segment_offset{len});
+  std::size_t bytes = 0;
+  LOCUS_CUDA_CHECK(cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, out, segments, begins, ends, op, init,
+                                                      current_stream()));
+  auto& alloc = allocator_for<cuda>();
+  void* tmp = alloc.allocate(bytes > 0 ? bytes : 1);
+  try {
+    LOCUS_CUDA_CHECK(cub::DeviceSegmentedReduce::Reduce(tmp, bytes, in, out, segments, begins, ends, op, init,
+                                                        current_stream()));
+  } catch (...) {
+    alloc.deallocate(tmp);
+    throw;
+  }
+  alloc.deallocate(tmp);
+}
+#endif
+
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+/// Innermost-axis sum, mean, max or min on cuda with cub::DeviceSegmentedReduce (one
+/// segment per output, coalesced reads), accumulating in A.
+template <reduce_kind K, class T, class Ev, std::size_t R, class Out>
+void segmented_axis_reduce(Out* out, const Ev& ev, const index_array<R>& sh, index_t segments, index_t len) {
+  using A = acc_t<T>;
+  using thrust::counting_iterator;
+  using thrust::make_transform_iterator;
+  using Reader = flat_reader<Ev, R, false>;
+  auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, A>{Reader{ev, sh}});
+  auto& alloc = allocator_for<cuda>();
+  auto* acc = static_cast<A*>(alloc.allocate(static_cast<std::size_t>(segments) * sizeof(A)));
+  try {
+    if constexpr (K == reduce_kind::max || K == reduce_kind::min) {
+      using Op = std::conditional_t<K == reduce_kind::max, max_op, min_op>;
+      cub_segmented_reduce(in, acc, segments, len, Op{}, Op::template identity<A>());
+    } else {
+      cub_segmented_reduce(in, acc, segments, len, sum_op{}, A(0));
+    }
+    const A scale = K == reduce_kind::mean ? A(1) / static_cast<A>(len) : A(1);
+    launch_n<cuda>(segments, scale_store<A, Out>{acc, out, scale});
+  } catch (...) {
+    alloc.deallocate(acc);
+    throw;
+  }
+  alloc.deallocate(acc);
+}
 #endif
 
 /// Whole-tensor reduction through reader rd (element i of the expression) into result.
@@ -448,6 +516,18 @@ auto reduce_axis(const E& e, std::size_t axis, double correction) {
   index_array<R> sh{};
   for (std::size_t k = 0; k < R; ++k) sh.v[k] = shape[k];
   const auto ev = e.make_eval(shape);
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  // cuda, innermost axis: a segmented CUB reduction reads each row coalesced (one thread
+  // per output would stride through memory). Other axes: one thread per output reads
+  // neighbouring columns, already coalesced.
+  if constexpr (std::is_same_v<D, cuda> && (K == reduce_kind::sum || K == reduce_kind::mean ||
+                                            K == reduce_kind::max || K == reduce_kind::min)) {
+    if (axis == R - 1 && len > 0 && out.numel() > 0) {
+      segmented_axis_reduce<K, T>(out.data_handle(), ev, sh, out.numel(), len);
+      return out;
+    }
+  }
+#endif
   launch_n<D>(out.numel(), axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction});
   return out;
 }
