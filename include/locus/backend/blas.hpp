@@ -8,7 +8,6 @@
 // detail::gemm_fallback is callable in every build, so its tests run everywhere.
 #pragma once
 
-#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <optional>
@@ -28,6 +27,11 @@
 #endif
 
 namespace locus::detail {
+
+// min and max of extents, without <algorithm> (a quarter second of parsing per user file).
+constexpr index_t imin(index_t a, index_t b) noexcept { return b < a ? b : a; }
+constexpr index_t imax(index_t a, index_t b) noexcept { return a < b ? b : a; }
+
 
 inline constexpr bool has_blas = LOCUS_HAS_BLAS != 0;
 
@@ -53,7 +57,7 @@ struct blas_layout {
 /// rows overlap). Extents of 1 make their stride irrelevant.
 inline std::optional<blas_layout> blas_layout_of(index_t rows, index_t cols, index_t rs,
                                                  index_t cs) noexcept {
-  const index_t r1 = std::max<index_t>(rows, 1), c1 = std::max<index_t>(cols, 1);
+  const index_t r1 = imax(rows, 1), c1 = imax(cols, 1);
   if (cs == 1 || cols <= 1) {
     const index_t ld = rows <= 1 ? c1 : rs;
     if (ld >= c1) return blas_layout{false, ld};
@@ -126,16 +130,17 @@ struct gemm_fallback_rows {
   bool accumulate;  // C += A * B instead of C = A * B
 
   void operator()(index_t block) const {
-    const index_t i0 = block * gemm_mc, i1 = std::min(m, i0 + gemm_mc);
+    const index_t i0 = block * gemm_mc, i1 = imin(m, i0 + gemm_mc);
     if (!accumulate)
-      for (index_t i = i0; i < i1; ++i) std::fill_n(c + i * ldc, n, T(0));
+      for (index_t i = i0; i < i1; ++i)
+        for (index_t j = 0; j < n; ++j) c[i * ldc + j] = T(0);
     for (index_t k0 = 0; k0 < k; k0 += gemm_kc) {
-      const index_t kb = std::min(gemm_kc, k - k0);
+      const index_t kb = imin(gemm_kc, k - k0);
       for (index_t j0 = 0; j0 < n; j0 += gemm_nr) {
-        const index_t nb = std::min(gemm_nr, n - j0);
+        const index_t nb = imin(gemm_nr, n - j0);
         const T* bp = b + k0 * ldb + j0;
         for (index_t i = i0; i < i1; i += gemm_mr) {
-          const index_t mb = std::min(gemm_mr, i1 - i);
+          const index_t mb = imin(gemm_mr, i1 - i);
           const T* ap = a + i * a_rs + k0 * a_cs;
           T* cp = c + i * ldc + j0;
           if (mb == gemm_mr && nb == gemm_nr)
@@ -172,7 +177,7 @@ void gemm_fallback(index_t m, index_t n, index_t k, const T* a, index_t a_rs, in
   const gemm_fallback_rows<T> task{m, n, k, a, a_rs, a_cs, b, b_rs, c, ldc, accumulate};
   const index_t blocks = (m + gemm_mc - 1) / gemm_mc;
 #if defined(_OPENMP)
-  const bool parallel = blocks > 1 && m * n * std::max<index_t>(k, 1) >= (index_t{1} << 18);
+  const bool parallel = blocks > 1 && m * n * imax(k, 1) >= (index_t{1} << 18);
   _Pragma("omp parallel for schedule(dynamic, 1) if(parallel)")
   for (index_t blk = 0; blk < blocks; ++blk) task(blk);
 #else

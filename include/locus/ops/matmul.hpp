@@ -16,7 +16,6 @@
 // keeps an f16 or bf16 product in f32 instead of rounding it back.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -535,12 +534,12 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
   if (!la) {
     a_copy = cuda_contiguous(a, "a matmul operand");
     ao = operand_of(std::as_const(a_copy).view());
-    la = blas_layout{false, std::max<index_t>(d.k, 1)};
+    la = blas_layout{false, imax(d.k, 1)};
   }
   if (!lb) {
     b_copy = cuda_contiguous(b, "a matmul operand");
     bo = operand_of(std::as_const(b_copy).view());
-    lb = blas_layout{false, std::max<index_t>(d.n, 1)};
+    lb = blas_layout{false, imax(d.n, 1)};
   }
   tensor<O, D, 1> bias_copy;
   if (bias.p && bias.stride != 1 && d.n > 1) {
