@@ -4,6 +4,7 @@
 // (x / 255) into a [256, 784] float batch and its label into an i64 batch. Items are
 // batches; the target is >= 0.8x the loop. Set LOCUS_FASHION_MNIST_DIR to another IDX
 // directory to use other data.
+#include <algorithm>
 #include <benchmark/benchmark.h>
 
 #include <locus/data/loader.hpp>

@@ -8,6 +8,7 @@
 // The body is written once for any device D and precision policy P; the options pick
 // the instantiation. Compiled by nvcc when CUDA is enabled (the cuda instantiations
 // launch kernels).
+#include <algorithm>
 #include <locus/data/loader.hpp>
 #include <locus/train.hpp>
 

@@ -5,6 +5,7 @@
 #define LOCUS_TEST_DEVICES locus::cpu, locus::pinned
 #include "generic/matmul_cases.hpp"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 

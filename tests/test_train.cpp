@@ -5,6 +5,7 @@
 #define LOCUS_TEST_DEVICES locus::cpu
 #include "generic/train_cases.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

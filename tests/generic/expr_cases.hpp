@@ -3,6 +3,7 @@
 // double-precision reference computed on the host from the same inputs.
 #pragma once
 
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>

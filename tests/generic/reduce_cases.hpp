@@ -2,6 +2,7 @@
 // LOCUS_TEST_DEVICES defined). References are computed in double on the host.
 #pragma once
 
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>

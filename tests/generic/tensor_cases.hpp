@@ -4,6 +4,7 @@
 // always read back through an explicit to<cpu>(), which also tests the transfers.
 #pragma once
 
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>

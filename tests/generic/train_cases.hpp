@@ -4,6 +4,7 @@
 // optimizers against double-precision references of their formulas, and initialisation.
 #pragma once
 
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>
