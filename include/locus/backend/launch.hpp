@@ -49,12 +49,15 @@ inline auto host_policy() {
 inline auto cuda_policy() { return thrust::cuda::par_nosync.on(current_stream()); }
 #endif
 
-/// Calls f(i) for every i in [0, n) on device D.
+/// Calls f(i) for every i in [0, n) on device D. `work` is the number of elements each
+/// call touches (a row of a softmax, the length of a reduced axis): host devices run in
+/// parallel when n * work reaches host_parallel_threshold and there are two calls or more.
 template <class D, class F>
-void launch_n(index_t n, F f) {
+void launch_n(index_t n, F f, index_t work = 1) {
   if (n <= 0) return;
   if constexpr (std::is_same_v<typename D::execution, host_execution>) {
-    if (n < host_parallel_threshold) {
+    const index_t total = work > 1 && n > host_parallel_threshold / work ? host_parallel_threshold : n * work;
+    if (total < host_parallel_threshold || n < 2) {
       for (index_t i = 0; i < n; ++i) f(i);
     } else {
       thrust::for_each_n(host_policy(), thrust::counting_iterator<index_t>(0), n, f);

@@ -106,7 +106,8 @@ class cross_entropy_state {
         n, locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
                logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr,
                row_loss_.data_handle(), correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n,
-               k, eps_, factor_});
+               k, eps_, factor_},
+        k);
     if constexpr (D::host_accessible) check_labels();
   }
 

@@ -528,7 +528,8 @@ auto reduce_axis(const E& e, std::size_t axis, double correction) {
     }
   }
 #endif
-  launch_n<D>(out.numel(), axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction});
+  launch_n<D>(out.numel(), axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction},
+              len);
   return out;
 }
 

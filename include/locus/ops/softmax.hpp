@@ -72,7 +72,8 @@ auto softmax_impl(const X& x, std::size_t axis) {
   }
   const index_t rows = out.numel() / shape[axis];
   const auto ev = e.make_eval(shape);
-  launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis});
+  launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis},
+              shape[axis]);
   return out;
 }
 
