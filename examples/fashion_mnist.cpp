@@ -121,7 +121,6 @@ struct progress_printer {
 
 template <class D, class P>
 int run(const config& c) {
-  using C = typename P::compute;
   namespace nn = locus::nn;
   auto train_set = locus::data::idx_dataset::from_directory(c.data, "train");
   auto test_set = locus::data::idx_dataset::from_directory(c.data, "t10k");
@@ -218,7 +217,6 @@ int run(const config& c) {
     locus::train::trainer t(model, opt, nn::cross_entropy{}, o);
     return go(t);
   }
-  (void)sizeof(C);
 }
 
 template <class D>

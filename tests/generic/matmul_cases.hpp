@@ -255,6 +255,48 @@ TEST_CASE_TEMPLATE("matmul: bf16 and f16 inputs accumulate in f32", D, LOCUS_TES
   }
 }
 
+TEST_CASE_TEMPLATE("matmul_into with locus::accumulate adds the product to the destination", D,
+                   LOCUS_TEST_DEVICES) {
+  using namespace locus_matmul_test;
+  const index_t m = 33, n = 29, k = 70;
+  // f32: c += a b, with b transposed (the weight-gradient layout), twice
+  {
+    auto a = locus::randn<float, D>({k, m}, 81);
+    auto b = locus::randn<float, D>({k, n}, 82);
+    auto c = locus::randn<float, D>({m, n}, 83);
+    const auto ha = locus::to<locus::cpu>(a), hb = locus::to<locus::cpu>(b);
+    std::vector<double> ref = doubles(c);
+    auto ta = locus::transpose(a);
+    const auto prod = reference(mirror(ha, a, ta), hb.view());
+    for (int rep = 0; rep < 2; ++rep) {
+      locus::matmul_into(c, ta, b, locus::accumulate);
+      for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += prod[i];
+      CHECK(rel_error(doubles(c), ref) <= 1e-5);
+    }
+  }
+  // bf16 operands accumulate into an f32 destination
+  {
+    auto a = locus::randn<locus::bf16, D>({m, k}, 84);
+    auto b = locus::randn<locus::bf16, D>({k, n}, 85);
+    auto c = locus::randn<float, D>({m, n}, 86);
+    const auto ha = locus::to<locus::cpu>(a), hb = locus::to<locus::cpu>(b);
+    std::vector<double> ref = doubles(c);
+    const auto prod = reference(ha.view(), hb.view());
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += prod[i];
+    locus::matmul_into(c, a, b, locus::accumulate);
+    CHECK(rel_error(doubles(c), ref) <= 1e-5);
+  }
+  // an empty inner dimension adds nothing
+  {
+    auto a = locus::zeros<float, D>({m, 0});
+    auto b = locus::zeros<float, D>({0, n});
+    auto c = locus::randn<float, D>({m, n}, 87);
+    const auto before = doubles(c);
+    locus::matmul_into(c, a, b, locus::accumulate);
+    CHECK(doubles(c) == before);
+  }
+}
+
 TEST_CASE_TEMPLATE("linear: each activation with and without bias matches a double reference", D,
                    LOCUS_TEST_DEVICES) {
   using namespace locus_matmul_test;

@@ -364,27 +364,23 @@ __attribute__((target("avx,f16c"))) inline void convert_n_f16c(const f16* src, f
   for (std::size_t i = full; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-/// Eight floats (as bits) -> eight bfloat16 encodings, rounded to nearest even; NaN
-/// stays a quiet NaN with its sign.
-__attribute__((target("avx2"))) inline locus_v8us narrow8_bf16_avx2(locus_v8u x) noexcept {
-  const locus_v8u lsb = (x >> 16) & 1u;
-  const locus_v8u rounded = (x + 0x7fffu + lsb) >> 16;
-  const locus_v8u nan = (x >> 16) | 0x0040u;
-  const locus_v8u is_nan = (locus_v8u)((x & 0x7fffffffu) > 0x7f800000u);  // all ones or 0
-  return __builtin_convertvector((is_nan & nan) | (~is_nan & rounded), locus_v8us);
-}
-
 typedef int locus_v8i __attribute__((vector_size(32)));
 typedef short locus_v16s __attribute__((vector_size(32)));
 typedef long long locus_v4ll __attribute__((vector_size(32)));
 
-/// The rounded bfloat16 encodings of eight floats, one per 32-bit lane (<= 0xffff).
+/// The bfloat16 encodings of eight floats (as bits), one per 32-bit lane (<= 0xffff):
+/// rounded to nearest even; NaN stays a quiet NaN with its sign.
 __attribute__((target("avx2"))) inline locus_v8u round8_bf16_avx2(locus_v8u x) noexcept {
   const locus_v8u lsb = (x >> 16) & 1u;
   const locus_v8u rounded = (x + 0x7fffu + lsb) >> 16;
   const locus_v8u nan = (x >> 16) | 0x0040u;
   const locus_v8u is_nan = (locus_v8u)((x & 0x7fffffffu) > 0x7f800000u);  // all ones or 0
   return (is_nan & nan) | (~is_nan & rounded);
+}
+
+/// Eight floats (as bits) -> eight bfloat16 encodings.
+__attribute__((target("avx2"))) inline locus_v8us narrow8_bf16_avx2(locus_v8u x) noexcept {
+  return __builtin_convertvector(round8_bf16_avx2(x), locus_v8us);
 }
 
 /// AVX2 bfloat16 paths; call only when has_avx2().

@@ -470,17 +470,20 @@ struct adamw_kernel {
   C* pc;  // compute copy (nullptr when the compute dtype is f32)
   const update_scalars* sc;
   float lr, beta1, beta2, eps, weight_decay;
+  /// The update of one element: new p, m and v from p, g, m, v.
+  LOCUS_HOST_DEVICE static float update(float pi, float gi, float& mi, float& vi, float lr, float b1, float b2,
+                                        float eps, float wd, float bias1, float bias2) {
+    pi -= lr * wd * pi;
+    mi = b1 * mi + (1.0f - b1) * gi;
+    vi = b2 * vi + (1.0f - b2) * gi * gi;
+    return pi - lr * (mi / bias1) / (m_sqrt(vi / bias2) + eps);
+  }
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     if (sc->skip) return;
-    const float gi = g[i];
-    float pi = p[i];
-    pi -= lr * weight_decay * pi;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    float mi = m[i], vi = v[i];
+    const float pi = update(p[i], g[i], mi, vi, lr, beta1, beta2, eps, weight_decay, sc->bias1, sc->bias2);
     m[i] = mi;
     v[i] = vi;
-    const float denom = m_sqrt(vi / sc->bias2) + eps;
-    pi -= lr * (mi / sc->bias1) / denom;
     p[i] = pi;
     if (pc) pc[i] = store<C>(pi);
   }
@@ -503,15 +506,10 @@ void adamw_host(const adamw_kernel<C>& k, index_t n) {
 #pragma omp parallel for simd if (parallel)
 #endif
   for (index_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    float pi = p[i];
-    pi -= lr * wd * pi;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    float mi = m[i], vi = v[i];
+    const float pi = adamw_kernel<C>::update(p[i], g[i], mi, vi, lr, b1, b2, eps, wd, bias1, bias2);
     m[i] = mi;
     v[i] = vi;
-    const float denom = m_sqrt(vi / bias2) + eps;
-    pi -= lr * (mi / bias1) / denom;
     p[i] = pi;
     if constexpr (!std::is_same_v<C, float>) pc[i] = store<C>(pi);
   }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "../amp/policy.hpp"
@@ -78,10 +79,15 @@ class cross_entropy_state {
   /// Throws index_error if a label seen since the last check was outside [0, K)
   /// (reads three integers back from D).
   void check_labels() {
-    const auto h = to<cpu>(bad_);
-    if (h(0) != 0) {
-      const std::int64_t row = h(1), value = h(2);
-      bad_ = zeros<std::int64_t, D>(extents<1>{3});
+    std::int64_t h[3];
+    if constexpr (D::host_accessible) {  // every step on the host: no copy
+      std::memcpy(h, bad_.data_handle(), sizeof h);
+    } else {
+      std::memcpy(h, to<cpu>(bad_).data_handle(), sizeof h);
+    }
+    if (h[0] != 0) {
+      const std::int64_t row = h[1], value = h[2];
+      locus::detail::zero_bytes<D>(bad_.data_handle(), bad_.size_bytes());
       throw index_error("locus: cross_entropy: label " + std::to_string(value) + " of sample " +
                         std::to_string(row) + " in the batch is outside [0, " + std::to_string(classes_) +
                         "); labels must be class indices");

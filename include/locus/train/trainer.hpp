@@ -415,9 +415,13 @@ class trainer {
     loss_.check_labels();
     if constexpr (!has_scaler) {
       if (!o_.check_finite) return;
-      const auto h = to<cpu>(guard_);
       locus::detail::step_state s;
-      std::memcpy(&s, h.data_handle(), sizeof s);
+      if constexpr (device::host_accessible) {  // no copy: read it where it lives
+        std::memcpy(&s, guard_.data_handle(), sizeof s);
+      } else {
+        const auto h = to<cpu>(guard_);
+        std::memcpy(&s, h.data_handle(), sizeof s);
+      }
       if (!s.sticky) return;
       const auto flags = to<cpu>(guard_flags_);
       const auto& entries = model_->parameters().entries();
