@@ -29,6 +29,8 @@
 #include <locus/data/idx.hpp>
 #include <locus/data/loader.hpp>
 
+#include "host_devices.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -442,7 +444,7 @@ static_assert(locus::data::SampleSource<counting_source>);
 static_assert(std::ranges::input_range<locus::data::loader<locus::cpu, counting_source>>);
 
 TEST_CASE_TEMPLATE("loader yields batches of the requested size in dataset order without shuffle", D,
-                   locus::cpu, locus::pinned) {
+                   LOCUS_TEST_DEVICES) {
   counting_source src{.n = 10, .f = 3};
   locus::data::loader<D, counting_source> l(src, {.batch_size = 4});
   CHECK(l.size() == 3);
@@ -486,7 +488,7 @@ TEST_CASE("loader order is a function of seed and epoch only") {
   CHECK(order(42, 1) == order(42, 1));
 
   // One loader, epochs re-shuffled by set_epoch and reproducible when revisited.
-  locus::data::loader<locus::pinned, counting_source> l(src, {.batch_size = 100, .shuffle = true, .seed = 42});
+  locus::data::loader<locus_test::staging, counting_source> l(src, {.batch_size = 100, .shuffle = true, .seed = 42});
   const auto e0 = all_labels(l);
   CHECK(e0 == a);
   CHECK(all_labels(l) == a);  // no set_epoch: the same order again
@@ -540,6 +542,7 @@ TEST_CASE("loader shards of N ranks partition the dataset exactly") {
   }
 }
 
+#if LOCUS_HAS_CUDA  // the pinned device exists only in builds with CUDA
 TEST_CASE("loader prefetch depth bounds pinned memory") {
   // 64 samples of 1000 floats in batches of 4: 16 batches of ~16 KB. The loader may
   // hold `prefetch` prepared batches plus the one handed out, never the epoch.
@@ -570,6 +573,7 @@ TEST_CASE("loader prefetch depth bounds pinned memory") {
   CHECK(s.peak_allocated_bytes - base <= (depth + 1) * batch_bytes);
   CHECK(s.allocated_bytes == base);  // nothing left behind
 }
+#endif
 
 TEST_CASE("loader rethrows an exception of the background thread with its message") {
   counting_source src{.n = 100, .f = 2, .throw_at = 37};
@@ -594,7 +598,7 @@ TEST_CASE("loader rethrows an exception of the background thread with its messag
 
 TEST_CASE("loader can stop mid-epoch and start again") {
   counting_source src{.n = 50, .f = 4};
-  locus::data::loader<locus::pinned, counting_source> l(src, {.batch_size = 5, .shuffle = true, .seed = 1, .prefetch = 4});
+  locus::data::loader<locus_test::staging, counting_source> l(src, {.batch_size = 5, .shuffle = true, .seed = 1, .prefetch = 4});
   for (auto& [x, y] : l) {
     (void)x;
     (void)y;

@@ -2,7 +2,7 @@
 // the host has: the blocked fallback GEMM called directly (it is the path of builds
 // without BLAS, and is tested in every build), a large f32 product through BLAS, strided
 // destinations, and transpose's view semantics.
-#define LOCUS_TEST_DEVICES locus::cpu, locus::pinned
+#include "host_devices.hpp"
 #include "generic/matmul_cases.hpp"
 
 #include <algorithm>

@@ -7,6 +7,8 @@
 
 #include <locus/locus.hpp>
 
+#include "host_devices.hpp"
+
 TEST_CASE("size classes: 512-byte granules then at most 25% rounding") {
   using locus::detail::size_class;
   CHECK(size_class(1) == 512);
@@ -34,23 +36,27 @@ TEST_CASE("peak tracks the high-water mark and reset_peak_memory_stats starts ag
   CHECK(locus::memory_stats<locus::cpu>().peak_allocated_bytes == base);
 }
 
-TEST_CASE("allocators are safe to use from several threads") {
-  const auto before = locus::memory_stats<locus::pinned>().allocated_bytes;
+TEST_CASE_TEMPLATE("allocators are safe to use from several threads", D, LOCUS_TEST_DEVICES) {
+  const auto before = locus::memory_stats<D>().allocated_bytes;
+  const auto before_cpu = locus::memory_stats<locus::cpu>().allocated_bytes;
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([] {
       for (int i = 0; i < 200; ++i) {
-        auto a = locus::empty<float, locus::pinned>({64 + i});
+        auto a = locus::empty<float, D>({64 + i});
         auto b = locus::empty<float, locus::cpu>({64 + i});
       }
     });
   for (auto& th : threads) th.join();
-  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);
+  CHECK(locus::memory_stats<D>().allocated_bytes == before);
+  CHECK(locus::memory_stats<locus::cpu>().allocated_bytes == before_cpu);
 }
 
+#if LOCUS_HAS_CUDA  // the pinned device exists only in builds with CUDA
 TEST_CASE("pinned falls back to pageable memory without a driver and says so") {
   auto p = locus::ones<float, locus::pinned>({16});
   const auto env = locus::environment();
   CHECK(locus::memory_stats<locus::pinned>().fallback == !env.pinned_page_locked);
   if (!locus::cuda_available()) CHECK(locus::memory_stats<locus::pinned>().fallback);
 }
+#endif

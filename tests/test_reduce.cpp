@@ -1,3 +1,3 @@
 // Host suite: reductions, softmax and one_hot on cpu and pinned.
-#define LOCUS_TEST_DEVICES locus::cpu, locus::pinned
+#include "host_devices.hpp"
 #include "generic/reduce_cases.hpp"

@@ -166,6 +166,15 @@ TEST_CASE_TEMPLATE("softmax and log_softmax are stable and match a double refere
   const auto C = doubles(locus::sum(col, 0));
   for (double c : C) CHECK(c == doctest::Approx(1.0).epsilon(1e-5));
   CHECK_THROWS_AS((void)locus::softmax(x, 2), locus::shape_error);
+  // The innermost-axis form (linear reads) and the general form (strided reads of a
+  // transposed view) must agree to the bit: same sums in the same order.
+  auto xt = locus::transpose(x);                    // [1024, 256], strided
+  auto xtc = locus::eval(xt * 1.0f);                // the same values, contiguous
+  for (bool lg : {false, true}) {
+    auto general = lg ? locus::log_softmax(xt, 1) : locus::softmax(xt, 1);
+    auto fast = lg ? locus::log_softmax(xtc, 1) : locus::softmax(xtc, 1);
+    CHECK(doubles(general) == doubles(fast));
+  }
 }
 
 TEST_CASE_TEMPLATE("one_hot puts a single one at each label", D, LOCUS_TEST_DEVICES) {

@@ -1,7 +1,8 @@
 // Rows for training: softmax and log_softmax along an axis (numerically stable: the
 // row maximum is subtracted before exp), and one_hot. One kernel source for every
 // device: a functor per row (every position of the other axes) that makes three
-// passes over the row — max, sum of exponentials, write.
+// passes over the row — max, sum of exponentials, write — with a faster form for the
+// innermost axis of a linearly readable operand.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +51,42 @@ struct softmax_row_kernel {
   }
 };
 
+// The common case: softmax along the innermost axis of an expression that can be read
+// by linear index (contiguous operands of the output's shape). Rows are contiguous, so
+// the row is read with at_linear (no index arithmetic); softmax writes exp(z) while
+// summing and then scales what it wrote, as a hand-written loop does.
+template <class T, bool Log, class Ev>
+struct softmax_last_axis_kernel {
+  T* out;
+  Ev ev;
+  index_t len;
+  LOCUS_HOST_DEVICE void operator()(index_t row) const {
+    using C = compute_t<T>;
+    const index_t base = row * len;
+    T* o = out + base;
+    C m = -C(1) / C(0);  // -inf
+    for (index_t j = 0; j < len; ++j) m = op::maximum{}(m, static_cast<C>(ev.at_linear(base + j)));
+    C s = 0;
+    if constexpr (Log) {
+      for (index_t j = 0; j < len; ++j) s += m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
+      const C log_s = m_log(s);  // (x - m) - log_s: x - (m + log_s) would round away small results
+      for (index_t j = 0; j < len; ++j) o[j] = store<T>((static_cast<C>(ev.at_linear(base + j)) - m) - log_s);
+    } else if constexpr (std::is_same_v<T, C>) {
+      for (index_t j = 0; j < len; ++j) {
+        const C v = m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
+        o[j] = v;
+        s += v;
+      }
+      const C inv_s = C(1) / s;
+      for (index_t j = 0; j < len; ++j) o[j] *= inv_s;
+    } else {  // half output: keep the unrounded exponentials out of the stored row
+      for (index_t j = 0; j < len; ++j) s += m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
+      const C inv_s = C(1) / s;
+      for (index_t j = 0; j < len; ++j) o[j] = store<T>(m_exp(static_cast<C>(ev.at_linear(base + j)) - m) * inv_s);
+    }
+  }
+};
+
 template <bool Log, class X>
 auto softmax_impl(const X& x, std::size_t axis) {
   using E = expr_of_t<X>;
@@ -72,6 +109,11 @@ auto softmax_impl(const X& x, std::size_t axis) {
   }
   const index_t rows = out.numel() / shape[axis];
   const auto ev = e.make_eval(shape);
+  if (axis == R - 1 && e.linear_ok(shape)) {
+    launch_n<D>(rows, softmax_last_axis_kernel<T, Log, decltype(ev)>{out.data_handle(), ev, shape[axis]},
+                shape[axis]);
+    return out;
+  }
   launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis},
               shape[axis]);
   return out;
