@@ -84,6 +84,45 @@ struct bound_parameters {
   }
 };
 
+/// What adamw and sgd share: the bound parameters, the options, the step counter and
+/// the per-step scalars on D, and the accessors over them.
+template <Device D, class Options>
+class optimizer_base {
+ public:
+  using device = D;
+
+  [[nodiscard]] double lr() const noexcept { return o_.lr; }
+  void set_lr(double lr) noexcept { o_.lr = lr; }
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// Steps taken (skipped ones not counted); reads one integer back from D.
+  [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
+  tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
+  /// Re-derives the compute copy from the master weights (after a checkpoint load).
+  void after_load() { params_.sync_compute(); }
+
+ protected:
+  template <Device MD, class Policy>
+  optimizer_base(nn::parameter_store<MD, Policy>& params, const Options& o)
+      : params_(bound_parameters<D>::template bind<MD, Policy>(params)),
+        o_(o),
+        steps_(zeros<std::int64_t, D>(extents<1>{1})),
+        scalars_(zeros<std::int32_t, D>(extents<1>{4})) {}
+
+  /// Starts a step on the device: counts it unless `guard` reports a non-finite
+  /// gradient, and leaves the scalars the update kernel reads (bias corrections with
+  /// beta1/beta2; 0 for optimizers without them).
+  update_scalars* begin_step(locus::detail::step_state* guard, float beta1, float beta2) {
+    auto* sc = reinterpret_cast<update_scalars*>(scalars_.data_handle());
+    locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc, beta1, beta2});
+    return sc;
+  }
+
+  bound_parameters<D> params_;
+  Options o_;
+  tensor<std::int64_t, D, 1> steps_;
+  tensor<std::int32_t, D, 1> scalars_;
+};
+
 }  // namespace detail
 
 struct adamw_options {
@@ -96,60 +135,45 @@ struct adamw_options {
 
 /// AdamW (Loshchilov & Hutter), as torch.optim.AdamW computes it.
 template <Device D>
-class adamw {
+class adamw : public detail::optimizer_base<D, adamw_options> {
+  using base = detail::optimizer_base<D, adamw_options>;
+
  public:
-  using device = D;
   static constexpr const char* kind = "adamw";
 
   template <Device MD, class Policy>
   adamw(nn::parameter_store<MD, Policy>& params, adamw_options o = {})
-      : params_(detail::bound_parameters<D>::template bind<MD, Policy>(params)), o_(o) {
-    m_ = zeros<float, D>(extents<1>{params_.n});
-    v_ = zeros<float, D>(extents<1>{params_.n});
-    steps_ = zeros<std::int64_t, D>(extents<1>{1});
-    scalars_ = zeros<std::int32_t, D>(extents<1>{4});
-  }
+      : base(params, o),
+        m_(zeros<float, D>(extents<1>{this->params_.n})),
+        v_(zeros<float, D>(extents<1>{this->params_.n})) {}
 
   /// One update of every parameter; skipped (on the device) when `guard` reports a
   /// non-finite gradient.
   void step(locus::detail::step_state* guard = nullptr) {
-    auto* sc = reinterpret_cast<detail::update_scalars*>(scalars_.data_handle());
-    locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc,
-                                                                      static_cast<float>(o_.beta1),
-                                                                      static_cast<float>(o_.beta2)});
-    detail::with_compute(params_.kind, [&](auto* tag) {
+    const auto& o = this->o_;
+    const auto& pr = this->params_;
+    auto* sc = this->begin_step(guard, static_cast<float>(o.beta1), static_cast<float>(o.beta2));
+    detail::with_compute(pr.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
       locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{
-                                                params_.p, params_.g, m_.data_handle(), v_.data_handle(),
-                                                static_cast<C*>(params_.pc), sc, static_cast<float>(o_.lr),
-                                                static_cast<float>(o_.beta1), static_cast<float>(o_.beta2),
-                                                static_cast<float>(o_.eps), static_cast<float>(o_.weight_decay)},
-                                  params_.n);
+                                      pr.p, pr.g, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), sc,
+                                      static_cast<float>(o.lr), static_cast<float>(o.beta1),
+                                      static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                                      static_cast<float>(o.weight_decay)},
+                                  pr.n);
     });
   }
 
-  [[nodiscard]] double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
-  [[nodiscard]] const adamw_options& options() const noexcept { return o_; }
-  /// Steps taken (skipped ones not counted); reads one integer back from D.
-  [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
-
   /// The state tensors by name (for checkpoints): "exp_avg", "exp_avg_sq" (flat, laid out
-  /// as the parameter store) and "step".
+  /// as the parameter store); the step counter is step_tensor().
   template <class F>
   void for_each_state(F&& f) {
     f("exp_avg", m_.view());
     f("exp_avg_sq", v_.view());
   }
-  tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
-  void after_load() { params_.sync_compute(); }
 
  private:
-  detail::bound_parameters<D> params_;
-  adamw_options o_;
   tensor<float, D, 1> m_, v_;
-  tensor<std::int64_t, D, 1> steps_;
-  tensor<std::int32_t, D, 1> scalars_;
 };
 
 struct sgd_options {
@@ -162,52 +186,40 @@ struct sgd_options {
 
 /// SGD with optional momentum, Nesterov momentum and weight decay, as torch.optim.SGD.
 template <Device D>
-class sgd {
+class sgd : public detail::optimizer_base<D, sgd_options> {
+  using base = detail::optimizer_base<D, sgd_options>;
+
  public:
-  using device = D;
   static constexpr const char* kind = "sgd";
 
   template <Device MD, class Policy>
-  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {})
-      : params_(detail::bound_parameters<D>::template bind<MD, Policy>(params)), o_(o) {
+  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {}) : base(params, o) {
     if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
       throw std::invalid_argument("locus: Nesterov momentum needs momentum > 0 and dampening 0");
-    if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{params_.n});
-    steps_ = zeros<std::int64_t, D>(extents<1>{1});
-    scalars_ = zeros<std::int32_t, D>(extents<1>{4});
+    if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{this->params_.n});
   }
 
   void step(locus::detail::step_state* guard = nullptr) {
-    auto* sc = reinterpret_cast<detail::update_scalars*>(scalars_.data_handle());
-    locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc, 0.0f, 0.0f});
-    detail::with_compute(params_.kind, [&](auto* tag) {
+    const auto& o = this->o_;
+    const auto& pr = this->params_;
+    auto* sc = this->begin_step(guard, 0.0f, 0.0f);
+    detail::with_compute(pr.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
-      locus::detail::launch_n<D>(params_.n, locus::detail::sgd_kernel<C>{
-                                                params_.p, params_.g, o_.momentum != 0.0 ? buf_.data_handle() : nullptr,
-                                                static_cast<C*>(params_.pc), sc, static_cast<float>(o_.lr),
-                                                static_cast<float>(o_.momentum), static_cast<float>(o_.dampening),
-                                                static_cast<float>(o_.weight_decay), o_.nesterov});
+      locus::detail::launch_n<D>(pr.n, locus::detail::sgd_kernel<C>{
+                                           pr.p, pr.g, o.momentum != 0.0 ? buf_.data_handle() : nullptr,
+                                           static_cast<C*>(pr.pc), sc, static_cast<float>(o.lr),
+                                           static_cast<float>(o.momentum), static_cast<float>(o.dampening),
+                                           static_cast<float>(o.weight_decay), o.nesterov});
     });
   }
 
-  [[nodiscard]] double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
-  [[nodiscard]] const sgd_options& options() const noexcept { return o_; }
-  [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
-
   template <class F>
   void for_each_state(F&& f) {
-    if (o_.momentum != 0.0) f("momentum_buffer", buf_.view());
+    if (this->o_.momentum != 0.0) f("momentum_buffer", buf_.view());
   }
-  tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
-  void after_load() { params_.sync_compute(); }
 
  private:
-  detail::bound_parameters<D> params_;
-  sgd_options o_;
   tensor<float, D, 1> buf_;
-  tensor<std::int64_t, D, 1> steps_;
-  tensor<std::int32_t, D, 1> scalars_;
 };
 
 // ---- learning-rate schedules ---------------------------------------------------------------
