@@ -4,6 +4,13 @@
 //   fashion_mnist [--data DIR] [--device auto|cpu|cuda] [--precision fp32|bf16|fp16]
 //                 [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]
 //                 [--hidden A,B,...] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]
+//                 [--memory-limit BYTES[K|M|G]]
+//
+// --batch-size auto tries batches from 64 up (doubling, then bisecting) and keeps the
+// largest whose forward and backward fit the device's memory, counting the batches the
+// loader holds ahead; it searches up to min(training set, 4096) samples, since beyond
+// that an epoch has too few optimizer steps to train well. --memory-limit caps the
+// device's allocator (locus::set_memory_limit), so auto can be tried on a CPU.
 //
 // The body is written once for any device D and precision policy P; the options pick
 // the instantiation. Compiled by nvcc when CUDA is enabled (the cuda instantiations
@@ -19,6 +26,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,14 +47,30 @@ struct config {
   bool resume = false;
   std::string resume_file;
   std::string log;
+  std::size_t memory_limit = 0;  // 0: none
 };
+
+/// "512M" -> 536870912; throws std::invalid_argument on a malformed size.
+std::size_t parse_bytes(const std::string& v) {
+  std::size_t used = 0;
+  const double x = std::stod(v, &used);
+  double mult = 1;
+  const std::string rest = v.substr(used);
+  if (rest == "K" || rest == "k") mult = 1024.0;
+  else if (rest == "M" || rest == "m") mult = 1024.0 * 1024;
+  else if (rest == "G" || rest == "g") mult = 1024.0 * 1024 * 1024;
+  else if (!rest.empty()) throw std::invalid_argument("size suffix");
+  if (!(x > 0)) throw std::invalid_argument("size");
+  return static_cast<std::size_t>(x * mult);
+}
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "fashion_mnist: %s\n"
                "usage: fashion_mnist [--data DIR] [--device auto|cpu|cuda] [--precision fp32|bf16|fp16]\n"
                "                     [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]\n"
-               "                     [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]\n",
+               "                     [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]\n"
+               "                     [--memory-limit BYTES[K|M|G]]\n",
                why.c_str());
   std::exit(2);
 }
@@ -70,6 +94,7 @@ config parse(int argc, char** argv) {
       else if (a == "--seed") c.seed = std::stoull(value(i));
       else if (a == "--checkpoint-dir") c.checkpoint_dir = value(i);
       else if (a == "--log") c.log = value(i);
+      else if (a == "--memory-limit") c.memory_limit = parse_bytes(value(i));
       else if (a == "--hidden") {
         c.hidden.clear();
         std::string s = value(i);
@@ -122,6 +147,7 @@ struct progress_printer {
 template <class D, class P>
 int run(const config& c) {
   namespace nn = locus::nn;
+  if (c.memory_limit) locus::set_memory_limit<D>(c.memory_limit);
   auto train_set = locus::data::idx_dataset::from_directory(c.data, "train");
   auto test_set = locus::data::idx_dataset::from_directory(c.data, "t10k");
   const locus::index_t features = train_set.rows() * train_set.cols();
@@ -136,24 +162,34 @@ int run(const config& c) {
 
   auto go = [&](auto& t) -> int {
     // Batch size: a number, or the largest that fits the device's memory.
+    const locus::data::loader_options train_options{.shuffle = true, .seed = c.seed};
     locus::index_t batch = 0;
     if (c.batch_size == "auto") {
+      const locus::index_t cap = std::min<locus::index_t>(train_set.size(), 4096);
+      // The loader keeps `prefetch` batches on the device beside the one in use: the
+      // probe holds as many while it runs forward and backward.
+      std::vector<locus::tensor<float, D, 2>> ahead;
       batch = locus::train::find_max_batch_size(
           t,
           [&](locus::index_t b) {
+            ahead.clear();
+            for (int k = 0; k < train_options.prefetch; ++k) ahead.push_back(locus::empty<float, D>({b, features + 2}));
             auto x = locus::zeros<float, D>({b, features});
             auto y = locus::zeros<std::int64_t, D>({b});
             return std::pair{std::move(x), std::move(y)};
           },
-          64, train_set.size());
+          64, cap);
+      ahead.clear();
       if (batch == 0) throw std::runtime_error("not even a batch of 1 fits in the device's memory");
-      std::printf("batch size auto: %lld (largest that fits %s memory)\n", static_cast<long long>(batch),
-                  std::string(D::name).c_str());
+      std::printf("batch size auto: %lld (the largest that fits %s memory, searched up to %lld)\n",
+                  static_cast<long long>(batch), std::string(D::name).c_str(), static_cast<long long>(cap));
     } else {
       batch = std::stoll(c.batch_size);
       if (batch < 1) usage("--batch-size must be at least 1 or auto");
     }
-    locus::data::loader<D> train_loader(train_set, {.batch_size = batch, .shuffle = true, .seed = c.seed});
+    auto lo = train_options;
+    lo.batch_size = batch;
+    locus::data::loader<D> train_loader(train_set, lo);
     locus::data::loader<D> test_loader(test_set, {.batch_size = 1000});
     const auto steps_per_epoch =
         (static_cast<std::int64_t>(train_loader.size()) + c.accumulate - 1) / c.accumulate;
@@ -185,9 +221,20 @@ int run(const config& c) {
                 std::string(D::name).c_str(), static_cast<long long>(batch), c.accumulate, c.epochs);
     locus::train::metrics ev;
     progress_printer bar;
+    // Progress reads the running loss back (a synchronisation): only for a terminal.
+    const locus::train::epoch_options eo{.report_every = 20,
+                                         .on_progress = bar.tty ? std::function<void(const locus::train::progress&)>(bar)
+                                                                : nullptr};
+    if (first_epoch >= c.epochs) {
+      ev = t.evaluate(test_loader);
+      std::printf("nothing to train: the checkpoint is after epoch %lld and --epochs is %d\n",
+                  static_cast<long long>(first_epoch), c.epochs);
+    }
     for (std::int64_t e = first_epoch; e < c.epochs; ++e) {
       locus::reset_peak_memory_stats<D>();
-      const auto r = t.train_epoch(train_loader, {.epoch = e, .report_every = 20, .on_progress = bar});
+      auto eoe = eo;
+      eoe.epoch = e;
+      const auto r = t.train_epoch(train_loader, eoe);
       ev = t.evaluate(test_loader);
       if (bar.tty) std::printf("\r%*s\r", 100, "");
       std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s\n",

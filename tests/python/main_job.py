@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""The main job's command line, end to end (CTest "main job: ..." test).
+
+    main_job.py FASHION_MNIST_BINARY WORK_DIR
+
+Writes a small IDX directory (the first 1200 training and 300 test samples of
+Fashion-MNIST, uncompressed, so --data with plain IDX files is exercised too), then runs
+the trainer on the CPU and checks what a user relies on:
+  * every epoch prints a line with train loss, test loss, test accuracy, samples/s and
+    peak memory; --log writes the same figures as CSV;
+  * 3 epochs with --checkpoint-dir; resuming from the epoch-2 checkpoint prints the
+    same epoch 3 (to the printed digits) as the run without a stop, and the CSV continues;
+  * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
+  * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
+  * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
+    small for anything fails with a message and exit status 1;
+  * a bad option exits with status 2 and the usage text.
+The dataset comes from LOCUS_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist
+(the Debian package dataset-fashion-mnist); without it the test is skipped (exit 77).
+"""
+import csv
+import gzip
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+EPOCH_LINE = re.compile(
+    r"^epoch\s+(\d+)\s+train loss ([0-9.]+)\s+test loss ([0-9.]+)\s+test accuracy ([0-9.]+)\s+"
+    r"([0-9.]+) samples/s\s+peak (.+)$")
+
+
+def fail(msg):
+    print("FAILED: " + msg)
+    sys.exit(1)
+
+
+def read_idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return data[:4], dims, data[4 + 4 * ndim:]
+
+
+def write_slice(src_dir, dst_dir, prefix, n):
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        stem = f"{prefix}-{kind}"
+        src = os.path.join(src_dir, stem + ".gz")
+        if not os.path.exists(src):
+            src = os.path.join(src_dir, stem)
+        magic, dims, body = read_idx(src)
+        per = 1
+        for d in dims[1:]:
+            per *= d
+        out = magic + b"".join(d.to_bytes(4, "big") for d in [n] + dims[1:]) + body[:n * per]
+        with open(os.path.join(dst_dir, stem), "wb") as f:
+            f.write(out)
+
+
+def run(binary, *args, expect=0):
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    p = subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=600)
+    if p.returncode != expect:
+        fail(f"{' '.join(args)}: exit status {p.returncode}, expected {expect}\n"
+             f"--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}")
+    return p.stdout, p.stderr
+
+
+def epochs_of(out):
+    rows = []
+    for line in out.splitlines():
+        m = EPOCH_LINE.match(line.strip())
+        if m:
+            rows.append({"epoch": int(m[1]), "train_loss": m[2], "test_loss": m[3],
+                         "test_accuracy": m[4], "samples_per_s": float(m[5])})
+    return rows
+
+
+def final_accuracy(out):
+    m = re.search(r"^final test accuracy ([0-9.]+)$", out, re.M)
+    if not m:
+        fail("no 'final test accuracy' line in:\n" + out)
+    return m[1]
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    binary, work = sys.argv[1], sys.argv[2]
+    src = os.environ.get("LOCUS_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
+    if not os.path.exists(os.path.join(src, "t10k-labels-idx1-ubyte.gz")) and \
+            not os.path.exists(os.path.join(src, "t10k-labels-idx1-ubyte")):
+        print(f"SKIPPED: no Fashion-MNIST in {src} (scripts/install-deps installs dataset-fashion-mnist)")
+        return 77
+    shutil.rmtree(work, ignore_errors=True)
+    data = os.path.join(work, "data")
+    os.makedirs(data)
+    write_slice(src, data, "train", 1200)
+    write_slice(src, data, "t10k", 300)
+    common = ["--data", data, "--device", "cpu", "--hidden", "32,16", "--batch-size", "100", "--seed", "5", "--lr", "0.005"]
+
+    # Three epochs with checkpoints after each.
+    a_log = os.path.join(work, "a.csv")
+    ck = os.path.join(work, "ck")
+    out, _ = run(binary, *common, "--epochs", "3", "--log", a_log, "--checkpoint-dir", ck)
+    a = epochs_of(out)
+    if [r["epoch"] for r in a] != [1, 2, 3]:
+        fail("expected epoch lines 1, 2, 3 in:\n" + out)
+    for r in a:
+        if not (math.isfinite(float(r["train_loss"])) and r["samples_per_s"] > 0):
+            fail(f"bad epoch line {r}")
+    if float(a[2]["train_loss"]) >= float(a[0]["train_loss"]):
+        fail(f"training loss did not fall over 3 epochs: {a}")
+    if float(a[2]["test_accuracy"]) < 0.5:
+        fail(f"test accuracy {a[2]['test_accuracy']} after 3 epochs (chance is 0.1)")
+    if final_accuracy(out) != a[2]["test_accuracy"]:
+        fail("final accuracy differs from the last epoch line")
+    with open(a_log) as f:
+        a_csv = list(csv.DictReader(f))
+    if [row["epoch"] for row in a_csv] != ["1", "2", "3"]:
+        fail(f"--log rows {a_csv}")
+    for row, line in zip(a_csv, a):
+        if abs(float(row["test_accuracy"]) - float(line["test_accuracy"])) > 5e-5 or \
+                abs(float(row["train_loss"]) - float(line["train_loss"])) > 5e-5:
+            fail(f"CSV row {row} does not match the printed line {line}")
+    for name in ("epoch-1.safetensors", "epoch-2.safetensors", "epoch-3.safetensors", "last.safetensors"):
+        if not os.path.exists(os.path.join(ck, name)):
+            fail(f"--checkpoint-dir did not write {name}: {os.listdir(ck)}")
+    leftovers = [n for n in os.listdir(ck) if not n.endswith(".safetensors")]
+    if leftovers:
+        fail(f"temporary files left in the checkpoint directory: {leftovers}")
+
+    # As if that run had stopped after epoch 2: resume from epoch-2's checkpoint with the
+    # same options. Epoch 3 must print the same figures, and the CSV must continue.
+    b_log = os.path.join(work, "b.csv")
+    with open(a_log) as f:
+        head = f.read().splitlines()[:3]
+    with open(b_log, "w") as f:
+        f.write("\n".join(head) + "\n")
+    out, _ = run(binary, *common, "--epochs", "3", "--resume", os.path.join(ck, "epoch-2.safetensors"),
+                 "--log", b_log)
+    if not re.search(r"^resumed from .*epoch-2\.safetensors after epoch 2$", out, re.M):
+        fail("no 'resumed from ... after epoch 2' line in:\n" + out)
+    c = epochs_of(out)
+    if [r["epoch"] for r in c] != [3]:
+        fail(f"the resumed run printed epochs {[r['epoch'] for r in c]}, expected [3]")
+    if (a[2]["train_loss"], a[2]["test_loss"], a[2]["test_accuracy"]) != \
+            (c[0]["train_loss"], c[0]["test_loss"], c[0]["test_accuracy"]):
+        fail(f"resumed epoch 3 differs from the run without a stop: {a[2]} vs {c[0]}")
+    with open(b_log) as f:
+        if [row["epoch"] for row in csv.DictReader(f)] != ["1", "2", "3"]:
+            fail("--log after --resume does not continue the CSV")
+
+    # --resume without a file takes last.safetensors (after epoch 3): nothing to train,
+    # the evaluation of the saved model gives the accuracy the run printed.
+    out, _ = run(binary, *common, "--epochs", "3", "--checkpoint-dir", ck, "--resume")
+    if "nothing to train" not in out or epochs_of(out):
+        fail("resume with --epochs reached should train nothing:\n" + out)
+    if final_accuracy(out) != a[2]["test_accuracy"]:
+        fail(f"last.safetensors evaluates to {final_accuracy(out)}, the run said {a[2]['test_accuracy']}")
+
+    # Accumulation and bf16.
+    out, _ = run(binary, *common, "--epochs", "3", "--accumulate", "2", "--precision", "bf16")
+    r = epochs_of(out)
+    if len(r) != 3 or not math.isfinite(float(r[-1]["train_loss"])) or float(r[-1]["test_accuracy"]) < 0.3:
+        fail("--accumulate 2 --precision bf16:\n" + out)
+    if "bf16 on cpu, batch 100 x 2" not in out:
+        fail("the model line does not show bf16 and accumulation 2:\n" + out)
+
+    # --batch-size auto under a memory limit, and a limit that fits nothing.
+    args = [x for x in common if x not in ("--batch-size", "100")]
+    out, _ = run(binary, *args, "--epochs", "1", "--batch-size", "auto", "--memory-limit", "12M")
+    m = re.search(r"^batch size auto: (\d+) ", out, re.M)
+    if not m or not (1 <= int(m[1]) < 1200):
+        fail("--batch-size auto under a 12 MiB limit:\n" + out)
+    _, err = run(binary, *args, "--epochs", "1", "--batch-size", "auto", "--memory-limit", "64K", expect=1)
+    if "fashion_mnist:" not in err:
+        fail("a memory limit that fits nothing should fail with a message:\n" + err)
+
+    # A bad option: usage and status 2.
+    _, err = run(binary, "--epochs", "0", expect=2)
+    if "usage:" not in err:
+        fail("no usage text for a bad option:\n" + err)
+    print("main job: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
