@@ -575,6 +575,44 @@ TEST_CASE("loader prefetch depth bounds pinned memory") {
 }
 #endif
 
+TEST_CASE("loader prefetch depth bounds cpu memory") {
+  // The same bound as for pinned memory, in every build: the loader may hold `prefetch`
+  // prepared batches plus the one handed out, never the epoch. The cpu allocator
+  // counts each allocation rounded up to 64 bytes (host_alignment) and caches nothing.
+  counting_source src{.n = 64, .f = 1000};
+  for (const int depth : {1, 2, 3}) {
+    CAPTURE(depth);
+    const std::size_t batch_bytes = locus::detail::round_up(4 * 1000 * sizeof(float), locus::detail::host_alignment) +
+                                    locus::detail::round_up(4 * sizeof(std::int64_t), locus::detail::host_alignment);
+    REQUIRE(batch_bytes == 16000 + 64);
+    const auto base = locus::memory_stats<locus::cpu>().allocated_bytes;
+    const std::size_t bound = base + static_cast<std::size_t>(depth + 1) * batch_bytes;
+    locus::reset_peak_memory_stats<locus::cpu>();
+    {
+      locus::data::loader<locus::cpu, counting_source> l(src, {.batch_size = 4, .prefetch = depth});
+      int batches = 0;
+      std::size_t held_after_first = 0;
+      for (auto& [x, y] : l) {
+        (void)x;
+        (void)y;
+        if (batches++ == 0) {
+          // Give the background thread time to fill its queue: it then holds `depth`.
+          for (int w = 0; w < 200 && locus::memory_stats<locus::cpu>().allocated_bytes < bound; ++w)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and would it go on?
+          held_after_first = locus::memory_stats<locus::cpu>().allocated_bytes;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a slow consumer
+      }
+      CHECK(batches == 16);
+      CHECK(held_after_first == bound);  // exactly depth + 1 batches
+    }
+    const auto s = locus::memory_stats<locus::cpu>();
+    CHECK(s.peak_allocated_bytes == bound);  // never more
+    CHECK(s.allocated_bytes == base);        // nothing left behind
+  }
+}
+
 TEST_CASE("loader rethrows an exception of the background thread with its message") {
   counting_source src{.n = 100, .f = 2, .throw_at = 37};
   locus::data::loader<locus::cpu, counting_source> l(src, {.batch_size = 8, .prefetch = 2});

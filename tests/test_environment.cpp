@@ -79,3 +79,35 @@ TEST_CASE("LOCUS_DEVICE overrides the program's choice") {
   CHECK(locus::parse_device_choice("auto") == locus::device_choice::automatic);
   CHECK_THROWS_AS((locus::parse_device_choice("gpu0")), locus::error);
 }
+
+#if LOCUS_HAS_CUDA
+TEST_CASE("a failing CUDA call throws cuda_error naming the call, file, line and the runtime's text") {
+  // An invalid device ordinal fails with or without a GPU.
+  try {
+    LOCUS_CUDA_CHECK(cudaSetDevice(-1));
+    FAIL("no exception");
+  } catch (const locus::cuda_error& e) {
+    const std::string m = e.what();
+    CHECK(m.rfind("locus: CUDA call failed: cudaSetDevice(-1) at ", 0) == 0);
+    CHECK(m.find("test_environment.cpp:") != std::string::npos);
+    CHECK(e.code() != 0);
+    CHECK(m.find(cudaGetErrorString(static_cast<cudaError_t>(e.code()))) != std::string::npos);
+  }
+  // Without a usable GPU, allocating on cuda is such a failure too (not a crash, and not
+  // an out_of_memory), and it leaves the allocator's statistics as they were.
+  if (!locus::cuda_available()) {
+    const auto before = locus::memory_stats<locus::cuda>();
+    try {
+      auto t = locus::empty<float, locus::cuda>({4});
+      FAIL("no exception");
+    } catch (const locus::cuda_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("allocator.hpp:") != std::string::npos);
+      CHECK(m.find(cudaGetErrorString(static_cast<cudaError_t>(e.code()))) != std::string::npos);
+    }
+    const auto after = locus::memory_stats<locus::cuda>();
+    CHECK(after.allocated_bytes == before.allocated_bytes);
+    CHECK(after.reserved_bytes == before.reserved_bytes);
+  }
+}
+#endif

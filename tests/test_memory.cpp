@@ -36,6 +36,24 @@ TEST_CASE("peak tracks the high-water mark and reset_peak_memory_stats starts ag
   CHECK(locus::memory_stats<locus::cpu>().peak_allocated_bytes == base);
 }
 
+TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and caches nothing") {
+  const auto before = locus::memory_stats<locus::cpu>();
+  {
+    auto a = locus::empty<float, locus::cpu>({1});     // 4 bytes: 64
+    auto b = locus::empty<float, locus::cpu>({16});    // 64: 64
+    auto c = locus::empty<float, locus::cpu>({17});    // 68: 128
+    auto d = locus::empty<float, locus::cpu>({4000});  // 16000: 16000
+    const auto s = locus::memory_stats<locus::cpu>();
+    CHECK(s.allocated_bytes == before.allocated_bytes + 64 + 64 + 128 + 16000);
+    CHECK(s.reserved_bytes == s.allocated_bytes);
+    CHECK(s.allocations == before.allocations + 4);
+    CHECK(s.cache_hits == 0);
+  }
+  const auto after = locus::memory_stats<locus::cpu>();
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.reserved_bytes == before.allocated_bytes);  // freed, not cached
+}
+
 TEST_CASE_TEMPLATE("allocators are safe to use from several threads", D, LOCUS_TEST_DEVICES) {
   const auto before = locus::memory_stats<D>().allocated_bytes;
   const auto before_cpu = locus::memory_stats<locus::cpu>().allocated_bytes;

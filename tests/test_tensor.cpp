@@ -34,6 +34,7 @@ TEST_CASE("LOCUS_CHECK_BOUNDS: out-of-range element access throws index_error") 
   CHECK_THROWS_AS((void)t.view()(0, 4), locus::index_error);
   try {
     (void)t(1, 7);
+    FAIL("no exception");
   } catch (const locus::index_error& e) {
     CHECK(std::string(e.what()).find("[3, 4]") != std::string::npos);
   }
@@ -80,4 +81,30 @@ TEST_CASE("cast f32 <-> bf16/f16 of a whole host tensor equals the scalar conver
   }
   locus::tensor<float, locus::cpu, 1> back = locus::cast<float>(h);
   for (locus::index_t i = 0; i < a.numel(); i += 7) CHECK(back(i) == static_cast<float>(h(i)));
+}
+
+TEST_CASE("device traits: memory, name, allocator and execution of each device") {
+  // Compile-time facts the type rules are built on; a wrong one would let host code
+  // read GPU memory, or send a pageable buffer to an "asynchronous" copy.
+  static_assert(locus::cpu::host_accessible && !locus::cpu::device_accessible && !locus::cpu::async_copyable);
+  static_assert(locus::pinned::host_accessible && !locus::pinned::device_accessible && locus::pinned::async_copyable);
+  static_assert(!locus::cuda::host_accessible && locus::cuda::device_accessible && locus::cuda::async_copyable);
+  static_assert(locus::cpu::enabled && locus::pinned::enabled == (LOCUS_HAS_CUDA != 0) &&
+                locus::cuda::enabled == (LOCUS_HAS_CUDA != 0));
+  static_assert(std::is_same_v<locus::cpu::execution, locus::detail::host_execution> &&
+                std::is_same_v<locus::pinned::execution, locus::detail::host_execution> &&
+                std::is_same_v<locus::cuda::execution, locus::detail::cuda_execution>);
+  static_assert(std::is_same_v<locus::cpu::allocator, locus::detail::host_allocator_kind> &&
+                std::is_same_v<locus::pinned::allocator, locus::detail::pinned_allocator_kind> &&
+                std::is_same_v<locus::cuda::allocator, locus::detail::cuda_allocator_kind>);
+  static_assert(locus::HostAccessible<locus::cpu> && locus::HostAccessible<locus::pinned> &&
+                !locus::HostAccessible<locus::cuda> && locus::DeviceAccessible<locus::cuda>);
+  static_assert(!locus::Device<int> && !locus::Device<float>);
+  CHECK(locus::cpu::name == "cpu");
+  CHECK(locus::pinned::name == "pinned");
+  CHECK(locus::cuda::name == "cuda");
+  // The allocator a device names is the one its tensors use.
+  const auto before = locus::memory_stats<locus::cpu>().allocations;
+  auto t = locus::empty<float, locus::cpu>({1000});
+  CHECK(locus::memory_stats<locus::cpu>().allocations == before + 1);
 }

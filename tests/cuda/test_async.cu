@@ -53,6 +53,14 @@ void spin(cudaStream_t s, int ms) {
   LOCUS_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Puts a freed block of n elements of T in the cuda cache for the current stream, so
+/// that an allocation made after spin() reuses it instead of calling cudaMalloc (which
+/// may wait for the device: then "not done yet" checks would race).
+template <class T>
+void warm_cuda_cache(locus::index_t n) {
+  auto w = locus::empty<T, locus::cuda>({n});
+}
+
 template <class T>
 locus::tensor<T, locus::pinned, 1> pinned_pattern(locus::index_t n, unsigned salt) {
   auto t = locus::empty<T, locus::pinned>({n});
@@ -128,6 +136,7 @@ TEST_CASE("pending get waits and ready polls") {
   locus::stream s;
   locus::stream_guard g(s);
   auto src = pinned_pattern<float>(1 << 16, 5);
+  warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
   auto p = locus::to_async<locus::cuda>(src);
   CHECK_FALSE(p.ready());  // behind 300 ms of spinning
@@ -147,6 +156,7 @@ TEST_CASE("a pending destroyed without get waits for its copy") {
   locus::stream s;
   locus::stream_guard g(s);
   auto src = pinned_pattern<float>(1 << 16, 6);
+  warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
   {
     auto p = locus::to_async<locus::cuda>(src);
@@ -154,10 +164,21 @@ TEST_CASE("a pending destroyed without get waits for its copy") {
   }  // ~pending: waits, so its destination is not freed under the copy
   CHECK(s.query());
 
-  // Assigning over an in-flight pending waits for it too.
+  // Assigning over an in-flight pending waits for it too. b's copy goes to another
+  // stream, so that after the assignment s holds nothing but a's (finished) copy.
+  locus::stream t;
+  auto tiny = pinned_pattern<float>(16, 7);
+  {
+    locus::stream_guard on_t(t);
+    warm_cuda_cache<float>(16);
+  }
+  warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
   auto a = locus::to_async<locus::cuda>(src);
-  auto b = locus::to_async<locus::cuda>(pinned_pattern<float>(16, 7));
+  auto b = [&] {
+    locus::stream_guard on_t(t);
+    return locus::to_async<locus::cuda>(tiny);
+  }();
   CHECK_FALSE(s.query());
   a = std::move(b);
   CHECK(s.query());
@@ -184,6 +205,7 @@ TEST_CASE("stream_guard makes work go to a stream and restores the previous one"
   {
     locus::stream_guard g(s);
     CHECK(locus::detail::current_stream() == s.native_handle());
+    warm_cuda_cache<float>(1 << 20);
     spin(locus::detail::current_stream(), 200);
     auto z = locus::zeros<float, locus::cuda>({1 << 20});  // a memset on the current stream
     CHECK_FALSE(s.query());
@@ -206,6 +228,10 @@ TEST_CASE("events order streams: record wait synchronize query") {
   locus::stream a, b;
   locus::event e;
   CHECK(e.query());  // nothing recorded yet
+  {
+    locus::stream_guard g(b);
+    warm_cuda_cache<float>(1024);
+  }
   spin(a.native_handle(), 200);
   e.record(a);
   CHECK_FALSE(e.query());

@@ -133,6 +133,7 @@ TEST_CASE_TEMPLATE("expressions: NumPy broadcasting and its errors", D, LOCUS_TE
   CHECK_THROWS_AS((void)(m + bad), locus::shape_error);
   try {
     (void)(m + bad);
+    FAIL("no exception");
   } catch (const locus::shape_error& e) {
     const std::string msg = e.what();
     CHECK(msg.find("[3, 4]") != std::string::npos);

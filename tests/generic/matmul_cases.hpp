@@ -286,6 +286,31 @@ TEST_CASE_TEMPLATE("matmul_into with locus::accumulate adds the product to the d
     locus::matmul_into(c, a, b, locus::accumulate);
     CHECK(rel_error(doubles(c), ref) <= 1e-5);
   }
+  // a strided destination (the transpose of an [n, m] tensor: column stride m), which
+  // goes through a temporary on every device, cuda included
+  {
+    auto a = locus::randn<float, D>({m, k}, 88);
+    auto b = locus::randn<float, D>({k, n}, 89);
+    auto ct = locus::randn<float, D>({n, m}, 90);
+    const auto ha = locus::to<locus::cpu>(a), hb = locus::to<locus::cpu>(b);
+    const auto before = doubles(ct);
+    const auto prod = reference(ha.view(), hb.view());
+    locus::matmul_into(locus::transpose(ct), a, b, locus::accumulate);
+    const auto after = doubles(ct);
+    std::vector<double> got, ref;
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = 0; j < n; ++j) {
+        got.push_back(after[static_cast<std::size_t>(j * m + i)]);
+        ref.push_back(before[static_cast<std::size_t>(j * m + i)] + prod[static_cast<std::size_t>(i * n + j)]);
+      }
+    CHECK(rel_error(got, ref) <= 1e-5);
+    locus::matmul_into(locus::transpose(ct), a, b);  // and overwriting
+    const auto over = doubles(ct);
+    got.clear();
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = 0; j < n; ++j) got.push_back(over[static_cast<std::size_t>(j * m + i)]);
+    CHECK(rel_error(got, prod) <= 1e-5);
+  }
   // an empty inner dimension adds nothing
   {
     auto a = locus::zeros<float, D>({m, 0});

@@ -394,3 +394,170 @@ TEST_CASE_TEMPLATE("training: linear layers initialise as PyTorch does (uniform 
   other.reset_parameters(18);
   CHECK(locus_train_test::host_values(other.parameters().template master<2>(0)) != wr);
 }
+
+TEST_CASE_TEMPLATE("training: dropout drops about p of the elements and scales the kept by 1/(1-p) and backward reuses the forward's mask",
+                   D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  using locus_train_test::host_values;
+  const float p = 0.3f;
+  const float keep_scale = 1.0f / (1.0f - p);  // what the kernel multiplies by, in f32
+  const index_t rows = 200, cols = 500;        // 100,000 elements
+  const auto x = locus::rand<float, D>({rows, cols}, 11, 0.5, 1.5);  // no zeros: a zero output means dropped
+  const auto xv = std::as_const(x).view();
+  const auto xh = host_values(xv);
+  for (double v : xh) REQUIRE(v != 0.0);
+
+  nn::sequential m(nn::dropout<D, P>(p, 7));
+  auto& layer = m.template get<0>();
+  auto forward = [&](auto& model) { return host_values(model.forward(xv)); };
+  auto mask_of = [](const std::vector<double>& y) {
+    std::vector<bool> keep(y.size());
+    for (std::size_t i = 0; i < y.size(); ++i) keep[i] = y[i] != 0.0;
+    return keep;
+  };
+  auto fraction_differing = [](const std::vector<bool>& a, const std::vector<bool>& b) {
+    std::size_t d = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) d += a[i] != b[i] ? 1 : 0;
+    return static_cast<double>(d) / static_cast<double>(a.size());
+  };
+  const double n = static_cast<double>(xh.size());
+  const double tolerance = 5.0 * std::sqrt(static_cast<double>(p) * (1.0 - p) / n);  // five standard deviations
+
+  CHECK(layer.counter() == 0);
+  const auto y1 = forward(m);
+  CHECK(layer.counter() == 1);
+  REQUIRE(y1.size() == xh.size());
+  std::size_t dropped = 0, wrong_scale = 0;
+  for (std::size_t i = 0; i < y1.size(); ++i) {
+    if (y1[i] == 0.0) ++dropped;
+    else if (y1[i] != static_cast<double>(static_cast<float>(xh[i]) * keep_scale)) ++wrong_scale;
+  }
+  const double rate = static_cast<double>(dropped) / n;
+  INFO("dropped " << dropped << " of " << n << " (rate " << rate << ", p " << p << ", tolerance " << tolerance << ")");
+  CHECK(std::abs(rate - p) <= tolerance);
+  CHECK(wrong_scale == 0);  // every kept value is x * (1 / (1 - p)), exactly
+  const auto mask1 = mask_of(y1);
+  {  // the mask is not one row repeated
+    const std::vector<bool> row0(mask1.begin(), mask1.begin() + cols), row1(mask1.begin() + cols, mask1.begin() + 2 * cols);
+    CHECK(row0 != row1);
+  }
+
+  // the same seed gives the same mask; another seed another one
+  nn::sequential same(nn::dropout<D, P>(p, 7));
+  CHECK(forward(same) == y1);
+  nn::sequential other(nn::dropout<D, P>(p, 8));
+  CHECK(fraction_differing(mask_of(forward(other)), mask1) > 0.3);  // independent masks: 2p(1-p) = 0.42
+
+  // the next training forward draws a new mask
+  const auto y2 = forward(m);
+  CHECK(layer.counter() == 2);
+  const auto mask2 = mask_of(y2);
+  CHECK(fraction_differing(mask1, mask2) > 0.3);
+  CHECK(std::abs(1.0 - static_cast<double>(std::count(mask2.begin(), mask2.end(), true)) / n - p) <= tolerance);
+
+  // inference is the identity, draws nothing and saves nothing
+  const auto yi = m.infer(xv);
+  CHECK(host_values(std::as_const(yi).view()) == xh);
+  CHECK(layer.counter() == 2);
+
+  // backward applies the last training forward's mask (and scale) to the gradient
+  const auto gy = locus::randn<float, D>({rows, cols}, 12);
+  const auto gyh = host_values(std::as_const(gy).view());
+  const auto gx = host_values(m.backward(std::as_const(gy).view(), true));
+  REQUIRE(gx.size() == gyh.size());
+  std::size_t wrong_grad = 0;
+  for (std::size_t i = 0; i < gx.size(); ++i) {
+    const double expect = mask2[i] ? static_cast<double>(static_cast<float>(gyh[i]) * keep_scale) : 0.0;
+    if (gx[i] != expect) ++wrong_grad;
+  }
+  CHECK(wrong_grad == 0);
+
+  // the mask is a function of (seed, counter): rewinding the counter repeats it
+  layer.set_counter(0);
+  CHECK(forward(m) == y1);
+}
+
+TEST_CASE_TEMPLATE("training: infer equals the training forward and saves nothing that backward uses", D,
+                   LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp64;
+  namespace nn = locus::nn;
+  using locus_train_test::host_values;
+  const auto x1 = locus::randn<double, D>({6, 7}, 301);
+  const auto x2 = locus::randn<double, D>({6, 7}, 302);
+  const auto x1v = std::as_const(x1).view();
+  const auto x2v = std::as_const(x2).view();
+  auto check_close = [](const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-12));
+    }
+  };
+
+  SUBCASE("every layer kind fused and not gives the training forward's output") {
+    auto make = [] {
+      nn::sequential m(nn::linear<D, P>(7, 6), nn::relu<D, P>(), nn::linear<D, P>(6, 5), nn::gelu<D, P>(),
+                       nn::linear<D, P>(5, 5, nn::bias::without), nn::gelu_tanh<D, P>(), nn::linear<D, P>(5, 4),
+                       nn::tanh<D, P>(), nn::sigmoid<D, P>(), nn::relu<D, P>(), nn::linear<D, P>(4, 3));
+      m.reset_parameters(23);
+      return m;
+    };
+    auto fused = make();
+    const auto out = fused.infer(x1v);
+    const auto inferred = host_values(std::as_const(out).view());
+    check_close(inferred, host_values(fused.forward(x1v)));
+    const auto out2 = fused.infer(x2v);
+    CHECK(inferred != host_values(std::as_const(out2).view()));  // it does depend on x
+
+    // with hooks nothing is fused; the hooks run in both forwards
+    auto hooked = make();
+    int pre = 0, post = 0;
+    hooked.template get<1>().add_forward_pre_hook([&](const auto&) { ++pre; });
+    hooked.template get<4>().add_forward_hook([&](const auto&, const auto&) { ++post; });
+    const auto hout = hooked.infer(x1v);
+    CHECK(pre == 1);
+    CHECK(post == 1);
+    check_close(host_values(std::as_const(hout).view()), inferred);
+    check_close(host_values(hooked.forward(x1v)), inferred);
+    CHECK(pre == 2);
+    CHECK(post == 2);
+  }
+
+  SUBCASE("an infer between forward and backward changes no gradient") {
+    auto m = [] {
+      nn::sequential s(nn::linear<D, P>(7, 6), nn::relu<D, P>(), nn::dropout<D, P>(0.4f, 5), nn::linear<D, P>(6, 5),
+                       nn::tanh<D, P>(), nn::sigmoid<D, P>(), nn::linear<D, P>(5, 3));
+      s.reset_parameters(29);
+      return s;
+    }();
+    auto& drop = m.template get<2>();
+    const auto gy = locus::randn<double, D>({6, 3}, 303);
+    const auto gyv = std::as_const(gy).view();
+    auto& store = m.parameters();
+
+    store.zero_grad();
+    drop.set_counter(0);
+    m.forward(x1v);
+    const auto gx_ref = host_values(m.backward(gyv, true));
+    const auto gp_ref = host_values(std::as_const(store).grad());
+
+    store.zero_grad();
+    drop.set_counter(0);
+    m.forward(x1v);
+    const auto other = m.infer(x2v);  // another input of the same shape
+    CHECK(drop.counter() == 1);       // no mask drawn
+    const auto gx = host_values(m.backward(gyv, true));
+    const auto gp = host_values(std::as_const(store).grad());
+    check_close(gx, gx_ref);
+    check_close(gp, gp_ref);
+
+    // and the gradients at x2 are different ones: had infer saved x2's state, the
+    // checks above would see it
+    store.zero_grad();
+    drop.set_counter(0);
+    m.forward(x2v);
+    CHECK(host_values(m.backward(gyv, true)) != gx_ref);
+    (void)other;
+  }
+}

@@ -67,7 +67,8 @@ constexpr bool check_policy() {
   if constexpr (!amp::precision_policy<P>) {
     static_assert(always_false<P>,
                   "locus: a precision policy needs `compute`, `master` and "
-                  "`requires_loss_scaling`; use locus::amp::fp32, bf16_mixed or fp16_mixed");
+                  "`requires_loss_scaling`, but this type lacks at least one of them; use "
+                  "locus::amp::fp32, bf16_mixed or fp16_mixed, or declare all three");
     return false;
   } else if constexpr (is_half_v<typename P::master>) {
     static_assert(always_false<P>,
@@ -78,15 +79,25 @@ constexpr bool check_policy() {
     return false;
   } else if constexpr (!std::is_same_v<typename P::master, float> &&
                        !std::is_same_v<typename P::master, double>) {
-    static_assert(always_false<P>, "locus: master weights must be f32 (or f64)");
+    static_assert(always_false<P>,
+                  "locus: master weights must be f32 (or f64), but the policy's `master` is "
+                  "another type; declare `using master = float;`");
     return false;
   } else if constexpr (!std::is_floating_point_v<typename P::compute> &&
                        !is_half_v<typename P::compute>) {
-    static_assert(always_false<P>, "locus: a policy computes in f32, f64, bf16 or f16");
+    static_assert(always_false<P>,
+                  "locus: a policy computes in f32, f64, bf16 or f16, but its `compute` is another "
+                  "type; declare `using compute = float;` (or locus::bf16, locus::f16)");
     return false;
   } else {
     return true;
   }
 }
+
+/// P when check_policy<P>() passes, else amp::fp32 (after check_policy has reported
+/// why): a class that names its dtypes through it reports one error for a bad policy,
+/// check_policy's own, instead of one per member that names P::compute or P::master.
+template <class P>
+using checked_policy_t = std::conditional_t<check_policy<P>(), P, amp::fp32>;
 
 }  // namespace locus::detail

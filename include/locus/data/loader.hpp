@@ -325,17 +325,21 @@ class loader {
           });
           if (stop_) return;
         }
-        item it;
         const index_t first = k * options_.batch_size;
         const index_t count = std::min<index_t>(options_.batch_size,
                                                 static_cast<index_t>(order_.size()) - first);
+        // A cuda batch is declared before the item that holds its copies: should the
+        // second copy_async throw, the item (waiting for the first copy) is destroyed
+        // before the batch that copy writes into.
+        std::optional<batch<D>> b_holder;
+        item it;
         if constexpr (!is_cuda) {
           it.b.emplace(make_filled<D>(first, count));
         } else {
 #if LOCUS_HAS_CUDA
           auto staged = make_filled<pinned>(first, count);
           const index_t f = static_cast<index_t>(source_->features());
-          batch<cuda> b;
+          batch<cuda>& b = b_holder.emplace();
           {
             // Allocate on the consumer's stream, and let the side stream wait for
             // what is already enqueued there (a recycled block may still be read).
@@ -348,7 +352,7 @@ class loader {
           stream_guard on_side(*cuda_.side);
           it.x_copy.emplace(copy_async(std::move(staged.x), b.x));
           it.y_copy.emplace(copy_async(std::move(staged.y), b.y));
-          it.b.emplace(std::move(b));
+          it.b.emplace(std::move(b));  // moving keeps the device memory in place
 #endif
         }
         {

@@ -17,7 +17,7 @@
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
-#error "locus/io/safetensors.hpp needs nlohmann-json: install nlohmann-json3-dev and link locus::locus (CMake finds it as locus::json)"
+#error "locus: locus/io/safetensors.hpp needs nlohmann-json, but LOCUS_HAS_JSON is not 1: install nlohmann-json3-dev and link locus::locus (CMake finds it as locus::json), or define LOCUS_HAS_JSON=1 with <nlohmann/json.hpp> on the include path"
 #endif
 
 #include <cerrno>
@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -275,6 +276,11 @@ archive<D> load(const std::filesystem::path& path) {
         const auto x = d.get<std::int64_t>();
         if (x < 0) throw io_error("locus: '" + a.path_ + "': tensor '" + it.key() + "' has a negative extent");
         e.shape.push_back(x);
+        // count * es is compared with the data section's size below: an overflow here
+        // would let a corrupt shape pass with a small product.
+        if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / es) / static_cast<std::uint64_t>(x))
+          throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has a shape too large " +
+                         "for any file");
         count *= static_cast<std::uint64_t>(x);
       }
       const auto begin = v.at("data_offsets").at(0).get<std::uint64_t>();

@@ -146,12 +146,12 @@ class caching_allocator {
       ++cache_hits_;
       return p;
     }
-    if (reserved_ + size > limit_ || size > limit_) {
-      release_cached();
-      if (size > limit_ || reserved_ > limit_ - size)
-        throw out_of_memory(device_name, size, reserved_ - cached_, reserved_, limit_,
-                            "memory limit");
+    const std::size_t in_use = reserved_ - cached_;
+    if (in_use > limit_ || size > limit_ - in_use) {
+      // Even an empty cache would not make room: fail with every statistic unchanged.
+      throw out_of_memory(device_name, size, in_use, reserved_, limit_, "memory limit");
     }
+    if (reserved_ + size > limit_) release_cached();  // the cached blocks make the room
     void* p = resource_.raw_allocate(size);
     if (!p) {
       release_cached();
@@ -304,7 +304,7 @@ class cuda_resource {
   void raw_free(void* p) noexcept { (void)cudaFree(p); }
   int place() const {
     int d = 0;
-    (void)cudaGetDevice(&d);
+    LOCUS_CUDA_CHECK(cudaGetDevice(&d));
     return d;
   }
   void* stream() const noexcept { return static_cast<void*>(current_stream()); }

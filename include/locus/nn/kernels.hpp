@@ -3,6 +3,7 @@
 // plus the few host-only loops that walk memory in a host-friendly order.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -62,7 +63,7 @@ struct uniform_init_kernel {
   double lo, hi;
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     const philox_out r = philox4x32(seed, static_cast<std::uint64_t>(i), stream);
-    dst[i] = static_cast<M>(lo + (hi - lo) * uniform_double(r.v[0], r.v[1]));
+    dst[i] = static_cast<M>(::fma(hi - lo, uniform_double(r.v[0], r.v[1]), lo));  // explicit: nvcc would contract, g++ not
   }
 };
 
@@ -223,19 +224,21 @@ struct cross_entropy_kernel {
   index_t n, k;
   A eps;
   A factor;  // the gradient is of factor * scale * mean loss (1 / micro-batches)
+  std::int64_t tag = -1;  // which batch this is (the trainer's micro-step), -1 unknown
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     const T* row = x + i * k;
     const std::int64_t label = static_cast<std::int64_t>(labels[i]);
     if (label < 0 || label >= k) {
-      if (bad) {
+      if (bad) {  // bad[0] = tag + 2 (nonzero) marks the first bad label seen
 #if defined(__CUDA_ARCH__)
-        if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull, 1ull) == 0ull) {
+        if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull,
+                      static_cast<unsigned long long>(tag + 2)) == 0ull) {
           bad[1] = i;
           bad[2] = label;
         }
 #else
         std::int64_t expected = 0;
-        if (__atomic_compare_exchange_n(bad, &expected, std::int64_t{1}, false, __ATOMIC_RELAXED,
+        if (__atomic_compare_exchange_n(bad, &expected, tag + 2, false, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED)) {
           bad[1] = i;
           bad[2] = label;
@@ -308,6 +311,22 @@ struct accumulate_scalar_kernel {
   const A* v;
   A w;
   LOCUS_HOST_DEVICE void operator()(index_t) const { *acc += *v * w; }
+};
+
+/// The trainer's running loss: acc += loss * w, and the first micro-step whose loss was
+/// not finite goes to *first_bad (when given and still -1).
+template <class A>
+struct accumulate_loss_kernel {
+  A* acc;
+  const A* loss;
+  A w;
+  std::int64_t* first_bad;  // nullptr: not watched
+  std::int64_t micro_step;
+  LOCUS_HOST_DEVICE void operator()(index_t) const {
+    const A v = *loss;
+    *acc += v * w;
+    if (first_bad && *first_bad < 0 && !(v - v == A(0))) *first_bad = micro_step;  // inf - inf, NaN - NaN: NaN
+  }
 };
 
 // ---- gradient checks, loss scaling and optimizer updates ----------------------------------
@@ -400,11 +419,14 @@ void run_check_grads(const check_grads_kernel<M>& k, index_t n) {
 /// After the check, for the non-finite guard (no scaler): trips it on the first bad step.
 struct guard_end_kernel {
   step_state* st;
-  std::int64_t micro_step;
+  std::int64_t micro_step;            // the last micro-step of this optimizer step
+  std::int64_t* window_first = nullptr;  // where to note its first micro-step
+  std::int64_t first_micro_step = 0;
   LOCUS_HOST_DEVICE void operator()(index_t) const {
     if (st->found_inf && !st->sticky) {
       st->sticky = 1;
       st->bad_step = micro_step;
+      if (window_first) *window_first = first_micro_step;
     }
   }
 };

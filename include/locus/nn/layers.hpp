@@ -97,14 +97,13 @@ enum class bias { with, without };
 
 /// y = x w^T + b, w [out, in] (PyTorch's layout), b [out].
 template <Device D, class Policy>
-class linear : public detail::hooks<D, typename Policy::compute> {
-  static_assert(locus::detail::check_policy<Policy>());
+class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
 
  public:
   using device = D;
-  using policy = Policy;
-  using C = typename Policy::compute;
-  using M = typename Policy::master;
+  using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
+  using C = typename policy::compute;
+  using M = typename policy::master;
   using view = tensor_view<const C, D, 2>;
   static constexpr bool is_activation = false;
 
@@ -119,11 +118,11 @@ class linear : public detail::hooks<D, typename Policy::compute> {
   [[nodiscard]] index_t out_features() const noexcept { return out_; }
   [[nodiscard]] bool has_bias() const noexcept { return bias_; }
 
-  void declare(parameter_store<D, Policy>& s, const std::string& prefix) {
+  void declare(parameter_store<D, policy>& s, const std::string& prefix) {
     w_ = s.add(prefix + "weight", {out_, in_});
     if (bias_) b_ = s.add(prefix + "bias", {out_});
   }
-  void bind(parameter_store<D, Policy>& s) { store_ = &s; }
+  void bind(parameter_store<D, policy>& s) { store_ = &s; }
 
   /// PyTorch's nn.Linear initialisation: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
   void reset_parameters(std::uint64_t seed) {
@@ -216,7 +215,7 @@ class linear : public detail::hooks<D, typename Policy::compute> {
   index_t in_, out_;
   bool bias_;
   std::size_t w_ = 0, b_ = 0;
-  parameter_store<D, Policy>* store_ = nullptr;
+  parameter_store<D, policy>* store_ = nullptr;
   view x_;
   detail::act_kind act_ = detail::act_kind::none;
   tensor<C, D, 2> y_, z_, dz_, gx_;
@@ -225,19 +224,18 @@ class linear : public detail::hooks<D, typename Policy::compute> {
 namespace detail {
 /// An element-wise activation layer.
 template <Device D, class Policy, act_kind Kind>
-class activation_layer : public hooks<D, typename Policy::compute> {
-  static_assert(locus::detail::check_policy<Policy>());
+class activation_layer : public hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
 
  public:
   using device = D;
-  using policy = Policy;
-  using C = typename Policy::compute;
+  using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
+  using C = typename policy::compute;
   using view = tensor_view<const C, D, 2>;
   static constexpr bool is_activation = true;
   static constexpr act_kind kind = Kind;
 
-  void declare(parameter_store<D, Policy>&, const std::string&) {}
-  void bind(parameter_store<D, Policy>&) {}
+  void declare(parameter_store<D, policy>&, const std::string&) {}
+  void bind(parameter_store<D, policy>&) {}
   void reset_parameters(std::uint64_t) {}
 
   view forward(const view& x) {
@@ -296,13 +294,12 @@ class sigmoid : public detail::activation_layer<D, Policy, detail::act_kind::sig
 /// training forward, so runs with the same seed drop the same elements on every device,
 /// and backward recomputes the mask instead of saving it.
 template <Device D, class Policy>
-class dropout : public detail::hooks<D, typename Policy::compute> {
-  static_assert(locus::detail::check_policy<Policy>());
+class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
 
  public:
   using device = D;
-  using policy = Policy;
-  using C = typename Policy::compute;
+  using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
+  using C = typename policy::compute;
   using view = tensor_view<const C, D, 2>;
   static constexpr bool is_activation = false;
 
@@ -310,8 +307,8 @@ class dropout : public detail::hooks<D, typename Policy::compute> {
     if (!(p >= 0.0f && p < 1.0f))
       throw std::invalid_argument("locus: dropout probability must be in [0, 1), got " + std::to_string(p));
   }
-  void declare(parameter_store<D, Policy>&, const std::string&) {}
-  void bind(parameter_store<D, Policy>&) {}
+  void declare(parameter_store<D, policy>&, const std::string&) {}
+  void bind(parameter_store<D, policy>&) {}
   void reset_parameters(std::uint64_t) {}
 
   [[nodiscard]] float p() const noexcept { return p_; }
@@ -378,8 +375,12 @@ constexpr bool check_layers() {
 /// Layers applied in order. Owns the parameter store of all of them.
 template <class... Layers>
 class sequential {
-  static_assert(sizeof...(Layers) > 0, "locus: a sequential model needs at least one layer");
-  using first = std::tuple_element_t<0, std::tuple<Layers...>>;
+  static_assert(sizeof...(Layers) > 0,
+                "locus: a sequential model needs at least one layer, but it was given none; pass "
+                "the layers to its constructor: sequential m(linear<D, P>(in, out), relu<D, P>(), ...)");
+  // Without layers a placeholder stands in for the first one, so that the message above
+  // is the only error.
+  using first = std::tuple_element_t<0, std::tuple<Layers..., relu<cpu, amp::fp32>>>;
 
  public:
   using device = typename first::device;
@@ -389,7 +390,7 @@ class sequential {
   using view = tensor_view<const C, device, 2>;
   using store_type = parameter_store<device, policy>;
   static constexpr std::size_t size = sizeof...(Layers);
-  static_assert(detail::check_layers<Layers...>());
+  static_assert(detail::check_layers<first, Layers...>());
 
   /// Takes the layers, allocates their parameters and initialises them from `seed`.
   explicit sequential(Layers... layers) : layers_(std::move(layers)...) { setup(0); }

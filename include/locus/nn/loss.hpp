@@ -86,13 +86,19 @@ class cross_entropy_state {
       std::memcpy(h, to<cpu>(bad_).data_handle(), sizeof h);
     }
     if (h[0] != 0) {
-      const std::int64_t row = h[1], value = h[2];
+      const std::int64_t tag = h[0] - 2, row = h[1], value = h[2];
       locus::detail::zero_bytes<D>(bad_.data_handle(), bad_.size_bytes());
       throw index_error("locus: cross_entropy: label " + std::to_string(value) + " of sample " +
-                        std::to_string(row) + " in the batch is outside [0, " + std::to_string(classes_) +
-                        "); labels must be class indices");
+                        std::to_string(row) + " in " +
+                        (tag >= 0 ? "micro-batch " + std::to_string(tag) + " (the trainer's micro-steps, counted from 0)"
+                                  : std::string("the batch")) +
+                        " is outside [0, " + std::to_string(classes_) + "); labels must be class indices");
     }
   }
+
+  /// Names the batches that follow in label errors (the trainer passes its micro-step;
+  /// -1: unnamed).
+  void set_batch_tag(std::int64_t tag) noexcept { tag_ = tag; }
 
  private:
   void run(const view& logits, const target_view& labels, bool with_grad, const float* scale, bool correct) {
@@ -112,13 +118,14 @@ class cross_entropy_state {
         n, locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
                logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr,
                row_loss_.data_handle(), correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n,
-               k, eps_, factor_},
+               k, eps_, factor_, tag_},
         k);
     if constexpr (D::host_accessible) check_labels();
   }
 
   A eps_;
   A factor_ = A(1);
+  std::int64_t tag_ = -1;
   index_t classes_ = 0;
   tensor<A, D, 1> row_loss_, row_correct_;
   tensor<C, D, 2> gx_;

@@ -381,8 +381,7 @@ struct is_host_cast_leaf<cast_expr<U, leaf_expr<T, D, R>>>
 /// Evaluates expression e into dst (same device and dtype; e's shape must broadcast to
 /// dst's shape). One kernel over dst.
 template <class T, class D, std::size_t RO, class E>
-void evaluate_into(const tensor_view<T, D, RO>& dst, const E& e) {
-  static_assert(E::rank <= RO, "locus: the expression has a higher rank than the destination");
+void evaluate_into_checked(const tensor_view<T, D, RO>& dst, const E& e) {
   const auto full = broadcast_shapes(dst.shape(), e.shape());
   if (full != dst.shape())
     throw shape_error("locus: cannot assign an expression of shape " + shape_string(e.shape()) +
@@ -407,6 +406,24 @@ void evaluate_into(const tensor_view<T, D, RO>& dst, const E& e) {
       k.ost.v[i] = dst.strides()[i];
     }
     launch_n<D>(n, k);
+  }
+}
+
+/// The rules every evaluation into an existing view checks (`view = e`, `t += e`), each
+/// failing alone: nothing below a failed rule is instantiated.
+template <class T, class D, std::size_t RO, class E>
+void evaluate_into(const tensor_view<T, D, RO>& dst, const E& e) {
+  if constexpr (std::is_const_v<T>) {
+    static_assert(always_false<E>,
+                  "locus: cannot assign through a view of const elements; write into a mutable "
+                  "view (t.view() of a non-const tensor) or into a new tensor: auto y = locus::eval(e)");
+  } else if constexpr (E::rank > RO) {
+    static_assert(always_false<E>,
+                  "locus: the expression has a higher rank than the destination; assigning through "
+                  "a view (and +=, -=, *=, /=) broadcasts the source up to the destination's rank, "
+                  "never down: reshape the source (x.reshape({n})) or reduce it (locus::sum(x, axis))");
+  } else {
+    evaluate_into_checked(dst, e);
   }
 }
 
@@ -450,8 +467,7 @@ void assign_expr(tensor<T, D, R>& t, const E& e) {
 
 template <class T, class D, std::size_t R, class E>
 void assign_expr(const tensor_view<T, D, R>& v, const E& e) {
-  static_assert(!std::is_const_v<T>, "locus: cannot assign through a view of const elements");
-  if constexpr (check_expr_assign<T, D, R, E, false>()) evaluate_into(v, e);
+  if constexpr (check_expr_assign<T, D, R, E, false>()) evaluate_into(v, e);  // const: see there
 }
 
 }  // namespace detail
@@ -550,7 +566,10 @@ auto where(const C& cond, const A& a, const B& b) {
     static_assert(std::is_same_v<typename EC::value_type, bool>,
                   "locus: where() needs a bool condition; compare first, e.g. where(x > 0, x, 0)");
     if constexpr (d::is_scalar_v<A> && d::is_scalar_v<B>) {
-      static_assert(d::always_false<A>, "locus: where() needs at least one tensor value operand");
+      static_assert(d::always_false<A>,
+                    "locus: where() needs at least one tensor value operand, but both values are "
+                    "scalars (the result's dtype would be a guess); make one a tensor, e.g. "
+                    "locus::full<float, D>(shape, a) (where(c, 1.0f, 0.0f) is locus::cast<float>(c))");
       return d::invalid_expr{};
     } else if constexpr (d::is_scalar_v<B>) {
       using EA = d::expr_of_t<A>;

@@ -250,11 +250,12 @@ constexpr bool check_linear() {
     } else if constexpr (tw::rank != 2) {
       static_assert(always_false<X>,
                     "locus: linear needs w of rank 2 ([M, K]: out_features x in_features, the "
-                    "layout PyTorch stores)");
+                    "layout PyTorch stores); make a vector of K weights one row: w.reshape({1, K})");
       return false;
     } else if constexpr (HasBias && tbias::rank != 1) {
       static_assert(always_false<X>,
-                    "locus: linear needs a bias of rank 1 ([M]: one value per output feature)");
+                    "locus: linear needs a bias of rank 1 ([M]: one value per output feature); "
+                    "flatten it first, e.g. b.reshape({M}) for a [1, M] bias");
       return false;
     } else if constexpr (!require_matmul_floating<T>()) {
       return false;
@@ -610,10 +611,12 @@ void gemm_engine(const tensor_view<O, D, R>& c, const tensor_view<const T, D, R>
                                             extents<1>{bias.stride}, sizeof(O)));
   if (!gemm_output_ok(c, d) || ranges_overlap(rc, range_of(a)) || ranges_overlap(rc, range_of(b)) ||
       bias_overlaps) {
+    // Elementwise assignments, not copy(): they take strided views on every device
+    // (copy() of a non-contiguous cuda view would need a gather it does not have).
     tensor<O, D, R> tmp(c.shape());
-    if (accumulate) copy(c, tmp);
+    if (accumulate) evaluate_into(tmp.view(), to_expr(c));
     gemm_engine(tmp.view(), a, b, bias, act, d, accumulate);
-    copy(tmp, c);
+    evaluate_into(c, to_expr(std::as_const(tmp).view()));
     return;
   }
   const gemm_operand<O> co = output_operand(c, d);
@@ -645,7 +648,9 @@ auto transpose(X&& x) {
   using XX = std::remove_cvref_t<X>;
   using tr = detail::tensor_traits<XX>;
   if constexpr (!TensorLike<XX>) {
-    static_assert(detail::always_false<X>, "locus: transpose() takes a tensor or tensor_view");
+    static_assert(detail::always_false<X>,
+                  "locus: transpose() takes a tensor or tensor_view (it swaps strides; an expression "
+                  "has none); evaluate the expression first: auto t = locus::eval(x); locus::transpose(t)");
     return detail::invalid_expr{};
   } else if constexpr (tr::is_tensor && !std::is_lvalue_reference_v<X>) {
     static_assert(detail::always_false<X>,
@@ -711,13 +716,17 @@ void matmul_into(C&& c, const A& a, const B& b) {
 /// an f32 c). A shape mismatch throws shape_error and leaves c unchanged.
 template <class C, class A, class B>
 void matmul_into(C&& c, const A& a, const B& b, accumulate_t) {
-  using O = typename detail::tensor_traits<std::remove_cvref_t<C>>::value_type;
-  static_assert(std::is_same_v<O, float> || std::is_same_v<O, double>,
-                "locus: matmul_into(..., locus::accumulate) adds into an f32 or f64 destination "
-                "(f16/bf16 operands accumulate into f32); accumulating into f16/bf16 would round "
-                "every partial sum");
-  if constexpr (std::is_same_v<O, float> || std::is_same_v<O, double>)
-    detail::matmul_into_impl(std::forward<C>(c), a, b, true);
+  if constexpr (!TensorLike<std::remove_cvref_t<C>>) {
+    detail::matmul_into_impl(std::forward<C>(c), a, b, true);  // reports the destination rule
+  } else {
+    using O = typename detail::tensor_traits<std::remove_cvref_t<C>>::value_type;
+    static_assert(std::is_same_v<O, float> || std::is_same_v<O, double>,
+                  "locus: matmul_into(..., locus::accumulate) adds into an f32 or f64 destination "
+                  "(f16/bf16 operands accumulate into f32); accumulating into f16/bf16 would round "
+                  "every partial sum");
+    if constexpr (std::is_same_v<O, float> || std::is_same_v<O, double>)
+      detail::matmul_into_impl(std::forward<C>(c), a, b, true);
+  }
 }
 
 namespace detail {
@@ -725,14 +734,18 @@ template <class C, class A, class B>
 void matmul_into_impl(C&& c, const A& a, const B& b, bool accum) {
   using XC = std::remove_cvref_t<C>;
   if constexpr (!TensorLike<XC>) {
-    static_assert(detail::always_false<C>, "locus: matmul_into writes into a tensor or tensor_view");
+    static_assert(detail::always_false<C>,
+                  "locus: matmul_into writes into a tensor or tensor_view, but the destination is "
+                  "an expression or another type; pass the destination tensor itself, or write "
+                  "auto c = locus::matmul(a, b)");
   } else {
     using tc = detail::tensor_traits<XC>;
     using O = typename tc::value_type;
-    static_assert(!std::is_const_v<typename tc::element_type>,
-                  "locus: matmul_into destination is a view of const elements; pass a tensor or "
-                  "a mutable tensor_view");
-    if constexpr (detail::check_matmul<A, B, O>()) {
+    if constexpr (std::is_const_v<typename tc::element_type>) {
+      static_assert(detail::always_false<C>,
+                    "locus: matmul_into destination is a view of const elements; pass a tensor or "
+                    "a mutable tensor_view");
+    } else if constexpr (detail::check_matmul<A, B, O>()) {
       using ta = detail::tensor_traits<std::remove_cvref_t<A>>;
       if constexpr (detail::require_same_operand_device<typename ta::device, typename tc::device>() &&
                     detail::require_assign_rank<tc::rank, ta::rank>()) {
@@ -782,14 +795,18 @@ template <class Y, class X, class W, class Bv, bool HasBias>
 void linear_into_impl(Y&& y, const X& x, const W& w, const Bv* b, activation act) {
   using XY = std::remove_cvref_t<Y>;
   if constexpr (!TensorLike<XY>) {
-    static_assert(always_false<Y>, "locus: linear_into writes into a tensor or tensor_view");
+    static_assert(always_false<Y>,
+                  "locus: linear_into writes into a tensor or tensor_view, but the destination is "
+                  "an expression or another type; pass the destination tensor itself, or write "
+                  "auto y = locus::linear(x, w, b)");
   } else {
     using ty = tensor_traits<XY>;
     using O = typename ty::value_type;
-    static_assert(!std::is_const_v<typename ty::element_type>,
-                  "locus: linear_into destination is a view of const elements; pass a tensor or "
-                  "a mutable tensor_view");
-    if constexpr (check_linear<X, W, Bv, O, HasBias>()) {
+    if constexpr (std::is_const_v<typename ty::element_type>) {
+      static_assert(always_false<Y>,
+                    "locus: linear_into destination is a view of const elements; pass a tensor or "
+                    "a mutable tensor_view");
+    } else if constexpr (check_linear<X, W, Bv, O, HasBias>()) {
       using tx = tensor_traits<std::remove_cvref_t<X>>;
       if constexpr (require_same_operand_device<typename tx::device, typename ty::device>() &&
                     require_assign_rank<ty::rank, 2>()) {

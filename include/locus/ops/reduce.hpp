@@ -8,8 +8,12 @@
 // with 16 independent accumulators (vectorisable, and accurate: a block's sum is
 // formed pairwise-ish from short partial sums, blocks are combined in f64), OpenMP
 // over blocks, deterministic for any thread count; on cuda, cub::DeviceReduce for
-// whole-tensor reductions and one thread per output for axis reductions. f16 and bf16
-// accumulate in f32. NaN propagates through sum, max and min.
+// whole-tensor reductions, cub::DeviceSegmentedReduce along the innermost axis and one
+// thread per output along other axes. f16 and bf16 accumulate in f32; floating sums are
+// combined in f64 on every path (host blocks, blocks along an axis, cub), integers are
+// reduced in i64 (never through double). max of all -inf is -inf, min of all +inf is
+// +inf. NaN propagates through sum, max and min; argmax and argmin return the first
+// extreme, a NaN counting as extreme, on every device.
 #pragma once
 
 #include <cmath>
@@ -61,13 +65,25 @@ struct sum_op {
   template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return a + b; }
   template <class A> static constexpr A identity() { return A(0); }
 };
+/// The identities of max and min: -inf and +inf for floating accumulators (so the max
+/// of all -inf is -inf, not -FLT_MAX), lowest() and max() for integers.
+template <class A>
+constexpr A lowest_or_neg_inf() {
+  if constexpr (std::numeric_limits<A>::has_infinity) return -std::numeric_limits<A>::infinity();
+  else return std::numeric_limits<A>::lowest();
+}
+template <class A>
+constexpr A max_or_inf() {
+  if constexpr (std::numeric_limits<A>::has_infinity) return std::numeric_limits<A>::infinity();
+  else return std::numeric_limits<A>::max();
+}
 struct max_op {
   template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return op::maximum{}(a, b); }
-  template <class A> static constexpr A identity() { return std::numeric_limits<A>::lowest(); }
+  template <class A> static constexpr A identity() { return lowest_or_neg_inf<A>(); }
 };
 struct min_op {
   template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return op::minimum{}(a, b); }
-  template <class A> static constexpr A identity() { return std::numeric_limits<A>::max(); }
+  template <class A> static constexpr A identity() { return max_or_inf<A>(); }
 };
 
 /// (value, index) pair for argmax/argmin: the first extreme wins; NaN counts as extreme.
@@ -89,12 +105,27 @@ struct arg_op {
     if (b_better || (b.value == a.value && b.index < a.index)) return b;
     return a;
   }
+  /// The initial value for CUB, which combines it with the result: the worst value (-inf
+  /// for argmax, +inf for argmin; lowest()/max() for integers) at an index past every
+  /// element, so every real element beats it or ties with it at a lower index, and NaN
+  /// beats it as NaN beats anything.
+  template <class A>
+  static constexpr arg_pair<A> identity() {
+    if constexpr (Max) return {lowest_or_neg_inf<A>(), std::numeric_limits<index_t>::max()};
+    else return {max_or_inf<A>(), std::numeric_limits<index_t>::max()};
+  }
 };
 
 /// Accumulator type: f32 for f16/bf16/f32 (blocks combined in f64 on the host), f64
 /// for f64, i64 for integers.
 template <class T>
 using acc_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, compute_t<T>, std::int64_t>;
+
+/// What sums of accumulator A are combined in: f64 for floating types (blocks on the
+/// host and along axes, whole tensors and rows on cuda), A itself for integers (an i64
+/// through double would be rounded to 53 bits).
+template <class A>
+using wide_sum_t = std::conditional_t<std::is_floating_point_v<A>, double, A>;
 
 inline constexpr index_t reduce_block = 2048;
 inline constexpr int reduce_lanes = 16;
@@ -205,6 +236,7 @@ LOCUS_HOST_DEVICE inline void unravel_except_axis(index_t o, const index_array<R
 template <reduce_kind K, class T, class Ev, std::size_t R>
 struct axis_reduce_kernel {
   using A = acc_t<T>;
+  using W = wide_sum_t<A>;
   using Out = reduce_result_t<K, T>;
   Out* out;
   Ev ev;
@@ -212,6 +244,32 @@ struct axis_reduce_kernel {
   std::size_t axis;
   index_t len;
   double correction;
+  /// The sum along the axis from idx (of squared deviations from mean if Sq), blocked as
+  /// whole-tensor sums are: blocks of reduce_block elements, each summed in A with 8
+  /// partial sums (accurate and vectorisable), the blocks combined in W (f64 for floating
+  /// types), so a long axis does not drift.
+  template <bool Sq>
+  LOCUS_HOST_DEVICE W blocked_sum(index_t* idx, A mean) const {
+    (void)mean;
+    W total = W(0);
+    for (index_t lo = 0; lo < len; lo += reduce_block) {
+      const index_t hi = lo + reduce_block < len ? lo + reduce_block : len;
+      A part[8] = {};
+      for (index_t j = lo; j < hi; ++j) {
+        idx[axis] = j;
+        const A v = static_cast<A>(ev.at_index(idx));
+        if constexpr (Sq) {
+          const A d = v - mean;
+          part[j & 7] += d * d;
+        } else {
+          part[j & 7] += v;
+        }
+      }
+      const A block = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      total += static_cast<W>(block);
+    }
+    return total;
+  }
   LOCUS_HOST_DEVICE void operator()(index_t o) const {
     index_t idx[R];
     unravel_except_axis(o, shape, axis, idx);
@@ -231,28 +289,17 @@ struct axis_reduce_kernel {
       }
       out[o] = store<Out>(acc);
     } else {
-      // sum / mean / var: 8 partial sums, then combined (accurate and vectorisable)
-      A part[8] = {};
-      for (index_t j = 0; j < len; ++j) {
-        idx[axis] = j;
-        part[j & 7] += static_cast<A>(ev.at_index(idx));
-      }
-      A s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      // sum / mean / var (mean and var: floating types, so W is f64)
+      const W s = blocked_sum<false>(idx, A(0));
       if constexpr (K == reduce_kind::sum) {
         out[o] = store<Out>(s);
       } else {
-        const A mean = len > 0 ? s / static_cast<A>(len) : A(0) / A(0);
+        const W mean = len > 0 ? s / static_cast<W>(len) : std::numeric_limits<W>::quiet_NaN();
         if constexpr (K == reduce_kind::mean) {
           out[o] = store<Out>(mean);
         } else {
-          A q[8] = {};
-          for (index_t j = 0; j < len; ++j) {
-            idx[axis] = j;
-            const A d = static_cast<A>(ev.at_index(idx)) - mean;
-            q[j & 7] += d * d;
-          }
-          const A ss = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
-          out[o] = store<Out>(ss / static_cast<A>(static_cast<double>(len) - correction));
+          const W ss = blocked_sum<true>(idx, static_cast<A>(mean));
+          out[o] = store<Out>(ss / (static_cast<W>(len) - static_cast<W>(correction)));
         }
       }
     }
@@ -270,11 +317,11 @@ struct square_dev_reader {
   }
 };
 
-template <class T>
+template <class T, class V = double>
 struct store_scalar {
   T* out;
-  const double* value;
-  double scale;
+  const V* value;
+  V scale;
   LOCUS_HOST_DEVICE void operator()(index_t) const { out[0] = store<T>(*value * scale); }
 };
 
@@ -356,25 +403,29 @@ void cub_segmented_reduce(In in, A* out, index_t segments, index_t len, Op op, A
 
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
 /// Innermost-axis sum, mean, max or min on cuda with cub::DeviceSegmentedReduce (one
-/// segment per output, coalesced reads), accumulating in A.
+/// segment per output, coalesced reads): max and min in A (exact), sum and mean in
+/// wide_sum_t<A> (f64 for floating types, as the host blocks and the whole-tensor sums
+/// on cuda are combined: a long row does not drift; i64 for integers).
 template <reduce_kind K, class T, class Ev, std::size_t R, class Out>
 void segmented_axis_reduce(Out* out, const Ev& ev, const index_array<R>& sh, index_t segments, index_t len) {
   using A = acc_t<T>;
+  constexpr bool extreme = K == reduce_kind::max || K == reduce_kind::min;
+  using W = std::conditional_t<extreme, A, wide_sum_t<A>>;
   using thrust::counting_iterator;
   using thrust::make_transform_iterator;
   using Reader = flat_reader<Ev, R, false>;
-  auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, A>{Reader{ev, sh}});
+  auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, W>{Reader{ev, sh}});
   auto& alloc = allocator_for<cuda>();
-  auto* acc = static_cast<A*>(alloc.allocate(static_cast<std::size_t>(segments) * sizeof(A)));
+  auto* acc = static_cast<W*>(alloc.allocate(static_cast<std::size_t>(segments) * sizeof(W)));
   try {
-    if constexpr (K == reduce_kind::max || K == reduce_kind::min) {
+    if constexpr (extreme) {
       using Op = std::conditional_t<K == reduce_kind::max, max_op, min_op>;
-      cub_segmented_reduce(in, acc, segments, len, Op{}, Op::template identity<A>());
+      cub_segmented_reduce(in, acc, segments, len, Op{}, Op::template identity<W>());
     } else {
-      cub_segmented_reduce(in, acc, segments, len, sum_op{}, A(0));
+      cub_segmented_reduce(in, acc, segments, len, sum_op{}, W(0));
     }
-    const A scale = K == reduce_kind::mean ? A(1) / static_cast<A>(len) : A(1);
-    launch_n<cuda>(segments, scale_store<A, Out>{acc, out, scale});
+    const W scale = K == reduce_kind::mean ? W(1) / static_cast<W>(len) : W(1);
+    launch_n<cuda>(segments, scale_store<W, Out>{acc, out, scale});
   } catch (...) {
     alloc.deallocate(acc);
     throw;
@@ -419,34 +470,39 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
       auto& alloc = allocator_for<cuda>();
       auto* pair = static_cast<arg_pair<A>*>(alloc.allocate(sizeof(arg_pair<A>)));
       using MP = typename make_arg_pair<A>::template with<Reader>;
-      cub_reduce(make_transform_iterator(counting_iterator<index_t>(0), MP{rd}), pair, n,
-                 arg_op<K == reduce_kind::argmax>{}, arg_pair<A>{A(0), 0});
+      using AO = arg_op<K == reduce_kind::argmax>;
+      cub_reduce(make_transform_iterator(counting_iterator<index_t>(0), MP{rd}), pair, n, AO{},
+                 AO::template identity<A>());
       launch_n<D>(1, write_arg_index<A>{out, pair});
       alloc.deallocate(pair);
-    } else {
-      // Reduce in double for sum/mean/var (one value; precision over speed), in A for max/min.
+    } else if constexpr (K == reduce_kind::max || K == reduce_kind::min) {
+      // max/min in A, as on the host (exact; an i64 is not rounded to double).
+      using Op = std::conditional_t<K == reduce_kind::max, max_op, min_op>;
       auto& alloc = allocator_for<cuda>();
-      auto* tmp = static_cast<double*>(alloc.allocate(2 * sizeof(double)));
-      if constexpr (K == reduce_kind::max || K == reduce_kind::min) {
-        using Op = std::conditional_t<K == reduce_kind::max, max_op, min_op>;
-        auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, double>{rd});
-        cub_reduce(in, tmp, n, Op{}, Op::template identity<double>());
-        launch_n<D>(1, store_scalar<Out>{out, tmp, 1.0});
+      auto* tmp = static_cast<A*>(alloc.allocate(sizeof(A)));
+      auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, A>{rd});
+      cub_reduce(in, tmp, n, Op{}, Op::template identity<A>());
+      launch_n<D>(1, store_scalar<Out, A>{out, tmp, A(1)});
+      alloc.deallocate(tmp);
+    } else {
+      // sum/mean/var in wide_sum_t<A>: double for floating types (one value; precision
+      // over speed), i64 for integer sums (exact, as on the host).
+      using W = wide_sum_t<A>;
+      auto& alloc = allocator_for<cuda>();
+      auto* tmp = static_cast<W*>(alloc.allocate(2 * sizeof(W)));
+      auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, W>{rd});
+      cub_reduce(in, tmp, n, sum_op{}, W(0));
+      if constexpr (K == reduce_kind::sum) {
+        launch_n<D>(1, store_scalar<Out, W>{out, tmp, W(1)});
       } else {
-        auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, double>{rd});
-        cub_reduce(in, tmp, n, sum_op{}, 0.0);
-        if constexpr (K == reduce_kind::sum) {
-          launch_n<D>(1, store_scalar<Out>{out, tmp, 1.0});
+        launch_n<D>(1, store_scalar<double>{tmp + 1, tmp, 1.0 / static_cast<double>(n)});  // mean
+        if constexpr (K == reduce_kind::mean) {
+          launch_n<D>(1, store_scalar<Out>{out, tmp + 1, 1.0});
         } else {
-          launch_n<D>(1, store_scalar<double>{tmp + 1, tmp, 1.0 / static_cast<double>(n)});  // mean
-          if constexpr (K == reduce_kind::mean) {
-            launch_n<D>(1, store_scalar<Out>{out, tmp + 1, 1.0});
-          } else {
-            auto sq = make_transform_iterator(counting_iterator<index_t>(0),
-                                              square_dev_reader<decltype(ev), R>{ev, sh, tmp + 1});
-            cub_reduce(sq, tmp, n, sum_op{}, 0.0);
-            launch_n<D>(1, store_scalar<Out>{out, tmp, 1.0 / (static_cast<double>(n) - correction)});
-          }
+          auto sq = make_transform_iterator(counting_iterator<index_t>(0),
+                                            square_dev_reader<decltype(ev), R>{ev, sh, tmp + 1});
+          cub_reduce(sq, tmp, n, sum_op{}, 0.0);
+          launch_n<D>(1, store_scalar<Out>{out, tmp, 1.0 / (static_cast<double>(n) - correction)});
         }
       }
       alloc.deallocate(tmp);
@@ -488,12 +544,11 @@ void check_axis(std::size_t axis, const extents<R>& shape) {
 
 /// Reduction along one axis; KeepDim chooses rank R or R-1.
 template <reduce_kind K, bool KeepDim, class E>
-auto reduce_axis(const E& e, std::size_t axis, double correction) {
+auto reduce_axis_checked(const E& e, std::size_t axis, double correction) {
   using T = typename E::value_type;
   using D = typename E::device;
   using Out = reduce_result_t<K, T>;
   constexpr std::size_t R = E::rank;
-  static_assert(R >= 1, "locus: an axis reduction needs rank >= 1; reduce the whole tensor instead");
   constexpr std::size_t RO = KeepDim ? R : R - 1;
   const auto shape = e.shape();
   check_axis(axis, shape);
@@ -531,6 +586,18 @@ auto reduce_axis(const E& e, std::size_t axis, double correction) {
   launch_n<D>(out.numel(), axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction},
               len);
   return out;
+}
+
+template <reduce_kind K, bool KeepDim, class E>
+auto reduce_axis(const E& e, std::size_t axis, double correction) {
+  if constexpr (E::rank == 0) {  // nothing below is instantiated: one error
+    static_assert(always_false<E>,
+                  "locus: an axis reduction needs rank >= 1, but this tensor has rank 0 (no axis to "
+                  "reduce along); reduce the whole tensor instead: leave out the axis, e.g. locus::sum(x)");
+    return 0;
+  } else {
+    return reduce_axis_checked<K, KeepDim>(e, axis, correction);
+  }
 }
 
 }  // namespace detail

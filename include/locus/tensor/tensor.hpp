@@ -64,7 +64,9 @@ struct tensor_traits<tensor_view<T, D, R>> {
 template <std::size_t R, class... I>
 index_t offset_of(const extents<R>& shape, const extents<R>& strides, I... idx) {
   static_assert(sizeof...(I) == R,
-                "locus: element access takes exactly one index per axis (rank R)");
+                "locus: element access takes exactly one index per axis, but the number of "
+                "indices differs from the tensor's rank; write t(i, j) for a rank-2 tensor, or "
+                "read a flat offset through t.reshape({t.numel()})(k)");
   const index_t ids[] = {static_cast<index_t>(idx)..., 0};
   index_t off = 0;
   for (std::size_t a = 0; a < R; ++a) {
@@ -109,9 +111,11 @@ template <class T, class D, std::size_t R>
 class tensor_view {
   static_assert(Dtype<T>, "locus: tensor_view element type must be one of f32, f64, i32, i64, "
                           "u8, bool, f16, bf16 (optionally const)");
-  static_assert(Device<D>, "locus: tensor_view device must be locus::cpu, locus::pinned or "
-                           "locus::cuda");
-  static_assert(detail::require_device_enabled<D>() || true);  // fires its own message
+  // is_device_v rather than the concept: a failed concept adds notes to the message.
+  static_assert(is_device_v<D>, "locus: tensor_view device must be locus::cpu, locus::pinned or "
+                                "locus::cuda");
+  // fires its own message (checks cpu, always enabled, when D is no device: one error)
+  static_assert(detail::require_device_enabled<std::conditional_t<is_device_v<D>, D, cpu>>() || true);
 
  public:
   using value_type = std::remove_cv_t<T>;
@@ -179,7 +183,10 @@ class tensor_view {
   template <class... I>
   T& operator()(I... idx) const {
     if constexpr (detail::require_host_accessible<D>()) {
-      static_assert((std::is_integral_v<I> && ...), "locus: indices must be integers");
+      static_assert((std::is_integral_v<I> && ...),
+                    "locus: indices must be integers, but an index has a floating-point (or "
+                    "other non-integer) type; convert it explicitly, e.g. "
+                    "t(static_cast<locus::index_t>(x))");
       return data_[detail::offset_of(shape_, strides_, idx...)];
     } else {
       return *data_;
@@ -189,7 +196,8 @@ class tensor_view {
   /// The single element of a rank-0 view. Host-accessible devices only.
   template <class Dev = D>
   value_type item() const {
-    static_assert(R == 0, "locus: item() reads a rank-0 tensor; index the element with t(i, ...)");
+    static_assert(R == 0, "locus: item() reads a rank-0 tensor, but this one has rank >= 1; index the "
+                          "element with t(i, ...), or reduce first, e.g. locus::sum(t).item()");
     if constexpr (detail::require_host_accessible<Dev>()) return *data_;
     else return value_type{};
   }
@@ -219,7 +227,9 @@ class tensor_view {
 
   /// Rows [begin, end) along the first axis (a batch), as a view.
   [[nodiscard]] tensor_view slice(index_t begin, index_t end) const {
-    static_assert(R >= 1, "locus: slice() needs rank >= 1");
+    static_assert(R >= 1, "locus: slice() needs rank >= 1 (it takes rows along axis 0), but this "
+                          "tensor has rank 0; read its value with item(), or reshape it first: "
+                          "t.reshape({1})");
     detail::check_slice(begin, end, shape_[0]);
     extents<R> s = shape_;
     s[0] = end - begin;
@@ -237,8 +247,9 @@ class tensor {
   static_assert(Dtype<T> && !std::is_const_v<T> && !std::is_volatile_v<T>,
                 "locus: tensor element type must be one of f32, f64, i32, i64, u8, bool, "
                 "f16, bf16 (not const: use tensor_view<const T, D, R> for read-only access)");
-  static_assert(Device<D>, "locus: tensor device must be locus::cpu, locus::pinned or locus::cuda");
-  static_assert(detail::require_device_enabled<D>() || true);  // fires its own message
+  static_assert(is_device_v<D>, "locus: tensor device must be locus::cpu, locus::pinned or locus::cuda");
+  // fires its own message (checks cpu, always enabled, when D is no device: one error)
+  static_assert(detail::require_device_enabled<std::conditional_t<is_device_v<D>, D, cpu>>() || true);
 
  public:
   using value_type = T;

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,13 +47,24 @@ inline std::string exact(double v) {
   return buf;
 }
 
-inline std::int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& k, std::int64_t def) {
+/// A number from the checkpoint's __metadata__ (def when absent); a value that is not
+/// a whole number (or a number) is a corrupt file: io_error, not std::invalid_argument.
+template <class T>
+T meta_number(const std::map<std::string, std::string>& m, const std::string& k, T def, const std::string& path) {
   auto it = m.find(k);
-  return it == m.end() ? def : std::stoll(it->second);
-}
-inline double meta_double(const std::map<std::string, std::string>& m, const std::string& k, double def) {
-  auto it = m.find(k);
-  return it == m.end() ? def : std::stod(it->second);
+  if (it == m.end()) return def;
+  std::size_t used = 0;
+  T v{};
+  try {
+    if constexpr (std::is_integral_v<T>) v = static_cast<T>(std::stoll(it->second, &used));
+    else v = static_cast<T>(std::stod(it->second, &used));
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  if (used == 0 || used != it->second.size())
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + it->second +
+                   "', not a number");
+  return v;
 }
 }  // namespace detail
 
@@ -121,39 +134,50 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   if (!mismatches.empty())
     throw shape_error("locus: checkpoint '" + a.path() + "' was saved from a model of another shape:" + mismatches);
 
-  for (std::size_t i = 0; i < entries.size(); ++i) copy(a.template flat<M>(entries[i].name), store.master_flat(i));
+  // The counters, read (and checked) before anything in the trainer changes.
+  const auto& meta = a.metadata();
+  const std::string& path = a.path();
+  std::map<std::size_t, std::uint64_t> rng;
+  model.for_each_layer([&](std::size_t i, auto& layer) {
+    if constexpr (requires { layer.set_counter(std::uint64_t{}); })
+      rng[i] = static_cast<std::uint64_t>(detail::meta_number<std::int64_t>(meta, "rng." + std::to_string(i), 0, path));
+  });
+  const double base_lr = detail::meta_number<double>(meta, "base_lr", t.base_lr(), path);
+  const double lr = detail::meta_number<double>(meta, "lr", t.optimizer().lr(), path);
+  const std::int64_t epoch = detail::meta_number<std::int64_t>(meta, "epoch", 0, path);
+  const std::int64_t micro_steps = detail::meta_number<std::int64_t>(meta, "micro_steps", 0, path);
+  const std::int64_t optimizer_steps = detail::meta_number<std::int64_t>(meta, "optimizer_steps", 0, path);
+
+  // Everything the trainer needs must be there before anything is overwritten.
   std::string missing;
-  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
+  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1>) {
     for (const auto& e : entries) {
       const std::string key = std::string("optimizer.") + name + "." + e.name;
-      if (!a.contains(key)) {
-        missing += " " + key;
-        continue;
-      }
-      copy(a.template flat<float>(key), tensor_view<float, D, 1>(flat.data_handle() + e.offset, extents<1>{e.numel}));
+      if (!a.contains(key)) missing += " " + key;
     }
   });
   if (!a.contains("optimizer.step")) missing += " optimizer.step";
-  else copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
-  if constexpr (Trainer::has_scaler) {
+  if constexpr (Trainer::has_scaler)
     if (!a.contains("scaler.state")) missing += " scaler.state";
-    else t.scaler()->load_state_dict(to<cpu>(a.template get<float, 1>("scaler.state")).view());
-  }
   if (!missing.empty())
     throw io_error("locus: checkpoint '" + a.path() + "' lacks the state this trainer needs:" + missing +
                    " (saved with another optimizer or without a grad scaler?)");
+
+  for (std::size_t i = 0; i < entries.size(); ++i) copy(a.template flat<M>(entries[i].name), store.master_flat(i));
+  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
+    for (const auto& e : entries)
+      copy(a.template flat<float>(std::string("optimizer.") + name + "." + e.name),
+           tensor_view<float, D, 1>(flat.data_handle() + e.offset, extents<1>{e.numel}));
+  });
+  copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
+  if constexpr (Trainer::has_scaler) t.scaler()->load_state_dict(to<cpu>(a.template get<float, 1>("scaler.state")).view());
   t.optimizer().after_load();  // the compute copy of the weights
 
-  const auto& meta = a.metadata();
   model.for_each_layer([&](std::size_t i, auto& layer) {
-    if constexpr (requires { layer.set_counter(std::uint64_t{}); })
-      layer.set_counter(static_cast<std::uint64_t>(detail::meta_int(meta, "rng." + std::to_string(i), 0)));
+    if constexpr (requires { layer.set_counter(std::uint64_t{}); }) layer.set_counter(rng.at(i));
   });
-  const double base_lr = detail::meta_double(meta, "base_lr", t.base_lr());
-  t.optimizer().set_lr(detail::meta_double(meta, "lr", t.optimizer().lr()));
-  const std::int64_t epoch = detail::meta_int(meta, "epoch", 0);
-  t.restore_counters(detail::meta_int(meta, "micro_steps", 0), detail::meta_int(meta, "optimizer_steps", 0), epoch,
-                     base_lr);
+  t.optimizer().set_lr(lr);
+  t.restore_counters(micro_steps, optimizer_steps, epoch, base_lr);
   return epoch;
 }
 

@@ -162,10 +162,17 @@ class trainer {
       auto out = model_->forward(xv);
       const float* scale = nullptr;
       if constexpr (has_scaler) scale = scaler_->scale_ptr();
+      if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(micro_step_);
       auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
-      locus::detail::launch_n<device>(1, locus::detail::accumulate_scalar_kernel<A>{
-                                             running_.data_handle(), l.data_handle(), static_cast<A>(xv.shape()[0])});
       model_->backward(loss_.grad());
+      // Counted once the step cannot fail any more: an out_of_memory above leaves the
+      // running loss as it was, like the weights. The fp32 guard also notes the first
+      // micro-step whose loss was not finite.
+      locus::detail::launch_n<device>(
+          1, locus::detail::accumulate_loss_kernel<A>{running_.data_handle(), l.data_handle(),
+                                                      static_cast<A>(xv.shape()[0]),
+                                                      (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr,
+                                                      micro_step_});
     } catch (const out_of_memory&) {
       // The weights are untouched (only optimizer steps write them); drop the partial
       // gradients so the next step starts clean.
@@ -174,6 +181,7 @@ class trainer {
       throw;
     }
     running_samples_ += xv.shape()[0];
+    if (micro_ == 0) window_first_ = micro_step_;
     ++micro_step_;
     if (++micro_ == o_.accumulate) optimizer_step();
     if constexpr (device::host_accessible) check();
@@ -264,6 +272,7 @@ class trainer {
     tensor<A, device, 1> acc = zeros<A, device>(extents<1>{2});
     std::int64_t samples = 0;
     const auto t0 = std::chrono::steady_clock::now();
+    if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(-1);  // not a training batch
     for (auto& b : batches) {
       auto xv = input(b.x);
       auto yv = target(b.y);
@@ -312,15 +321,32 @@ class trainer {
     base_lr_ = base_lr;
     micro_ = 0;
     model_->parameters().zero_grad();
+    // The running loss belongs to the steps before the load: the next report() starts
+    // from the checkpoint, as a run that never stopped would have.
+    locus::detail::zero_bytes<device>(running_.data_handle(), running_.size_bytes());
+    running_samples_ = 0;
   }
 
  private:
   template <class X, class Y>
   static constexpr bool check_batch() {
-    using DX = typename locus::detail::tensor_traits<std::remove_cvref_t<X>>::device;
-    using DY = typename locus::detail::tensor_traits<std::remove_cvref_t<Y>>::device;
-    return locus::detail::require_batch_on_model_device<DX, device>() &&
-           locus::detail::require_batch_on_model_device<DY, device>();
+    return check_batch_operand<X>() && check_batch_operand<Y>();
+  }
+  // One batch operand (x or y): a tensor or view on the model's device. A rule reports
+  // once (a failed check is not instantiated again), so step(), probe(), train_epoch()
+  // and evaluate() all check through here.
+  template <class X>
+  static constexpr bool check_batch_operand() {
+    if constexpr (!TensorLike<X>) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: trainer::step takes tensors or tensor_views (the input batch and the "
+                    "target), but got an expression or another type; evaluate an expression first: "
+                    "auto xe = locus::eval(x)");
+      return false;
+    } else {
+      return locus::detail::require_batch_on_model_device<
+          typename locus::detail::tensor_traits<std::remove_cvref_t<X>>::device, device>();
+    }
   }
 
   void init() {
@@ -331,6 +357,7 @@ class trainer {
     const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
     guard_ = zeros<std::int64_t, device>(extents<1>{words});
     guard_flags_ = zeros<int, device>(extents<1>{static_cast<index_t>(model_->parameters().count() + 1)});
+    diag_ = full<std::int64_t, device>(extents<1>{2}, std::int64_t{-1});
     {  // the guard's scale is 1
       locus::detail::step_state s{};
       s.scale = 1.0f;
@@ -345,18 +372,25 @@ class trainer {
   template <class X>
   tensor_view<const C, device, 2> input(const X& x) {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
-    static_assert(TensorLike<X>, "locus: trainer::step takes tensors or tensor_views");
-    static_assert(tr::rank == 2, "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
-                                 "with x.reshape({batch, rows * cols})");
-    using T = typename tr::value_type;
-    const auto v = locus::detail::as_view_const(x);
-    if constexpr (!std::is_same_v<typename tr::device, device>) {
-      return tensor_view<const C, device, 2>{};  // check_batch() reported it
-    } else if constexpr (std::is_same_v<T, C>) {
-      return v;
+    if constexpr (!check_batch_operand<X>()) {
+      return tensor_view<const C, device, 2>{};  // check_batch_operand() reported it
+    } else if constexpr (tr::rank != 2) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
+                    "with x.reshape({batch, rows * cols})");
+      return tensor_view<const C, device, 2>{};
+    } else if constexpr (std::is_same_v<typename tr::value_type, C>) {
+      return locus::detail::as_view_const(x);
+    } else if constexpr (!std::is_floating_point_v<typename tr::value_type> &&
+                         !is_half_v<typename tr::value_type>) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: the trainer's input batch holds floating-point features (f32, f64, f16 "
+                    "or bf16), but this one holds integers or bool; convert it first, e.g. u8 "
+                    "pixels: auto xf = locus::eval(locus::cast<float>(x) / 255.0f)");
+      return tensor_view<const C, device, 2>{};
     } else {
-      static_assert(std::is_floating_point_v<T> || is_half_v<T>,
-                    "locus: the trainer's input batch holds floating-point features");
+      using T = typename tr::value_type;
+      const auto v = locus::detail::as_view_const(x);
       if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
       nn::detail::ensure_shape(x_cast_, v.shape());
       locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, C>{v.data_handle(), x_cast_.data_handle()});
@@ -367,19 +401,28 @@ class trainer {
   template <class Y>
   auto target(const Y& y) {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<Y>>;
-    static_assert(TensorLike<Y>, "locus: trainer::step takes tensors or tensor_views");
     using want = typename loss_state::target_view;
-    using T = typename tr::value_type;
     using W = std::remove_cv_t<typename want::element_type>;
-    const auto v = locus::detail::as_view_const(y);
-    if constexpr (!std::is_same_v<typename tr::device, device>) {
-      return want{};  // check_batch() reported it
-    } else if constexpr (std::is_same_v<T, W>) {
-      return want(v);
+    if constexpr (!check_batch_operand<Y>()) {
+      return want{};  // check_batch_operand() reported it
+    } else if constexpr (tr::rank != want::rank) {
+      static_assert(locus::detail::always_false<Y>,
+                    "locus: the target's rank does not fit the loss: cross_entropy takes labels of "
+                    "rank 1 [batch], mse a target of rank 2 [batch, outputs] like the model's "
+                    "output; reshape it, e.g. y.reshape({batch})");
+      return want{};
+    } else if constexpr (std::is_same_v<typename tr::value_type, W>) {
+      return want(locus::detail::as_view_const(y));
+    } else if constexpr (!((std::is_floating_point_v<typename tr::value_type> || is_half_v<typename tr::value_type>) &&
+                           (std::is_floating_point_v<W> || is_half_v<W>))) {
+      static_assert(locus::detail::always_false<Y>,
+                    "locus: the target's dtype does not fit the loss: cross_entropy takes i64 labels "
+                    "(convert with auto yl = locus::eval(locus::cast<std::int64_t>(y))), mse a "
+                    "floating-point target");
+      return want{};
     } else {
-      static_assert((std::is_floating_point_v<T> || is_half_v<T>) && (std::is_floating_point_v<W> || is_half_v<W>),
-                    "locus: the target's dtype does not fit the loss: cross_entropy takes i64 labels");
-      static_assert(tr::rank == want::rank, "locus: the target's rank does not fit the loss");
+      using T = typename tr::value_type;
+      const auto v = locus::detail::as_view_const(y);
       nn::detail::ensure_shape(y_cast_, v.shape());
       locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, W>{v.data_handle(), y_cast_.data_handle()});
       return want(std::as_const(y_cast_).view());
@@ -400,7 +443,8 @@ class trainer {
                                                                      store.offsets_data(), guard_flags_.data_handle(),
                                                                      static_cast<int>(store.count()), false},
           store.size());
-      locus::detail::launch_n<device>(1, locus::detail::guard_end_kernel{guard_state(), micro_step_ - 1});
+      locus::detail::launch_n<device>(
+          1, locus::detail::guard_end_kernel{guard_state(), micro_step_ - 1, diag_.data_handle() + 1, window_first_});
       opt_->step(guard_state());
     } else {
       opt_->step(nullptr);
@@ -431,12 +475,26 @@ class trainer {
         if (first.empty()) first = entries[i].name;
         all += (all.empty() ? "" : ", ") + entries[i].name;
       }
-      throw non_finite_error("locus: training stopped: a non-finite gradient at step " + std::to_string(s.bad_step) +
-                                 " (micro-batch, counted from 0); it went non-finite first in '" + first +
-                                 "' (all affected: " + all +
+      const auto d = to<cpu>(diag_);
+      const std::int64_t loss_step = d(0), window = d(1) >= 0 ? d(1) : s.bad_step;
+      // The micro-batch to blame: the first whose loss was not finite when that is in
+      // the tripping optimizer step; otherwise the step's micro-batches, whose
+      // gradients were summed before the check could see them.
+      const bool loss_known = loss_step >= window && loss_step <= s.bad_step;
+      const std::int64_t step = loss_known ? loss_step : s.bad_step;
+      std::string where;
+      if (loss_known)
+        where = "at step " + std::to_string(loss_step) + " (micro-batch, counted from 0; its loss was not finite)";
+      else if (window == s.bad_step)
+        where = "at step " + std::to_string(s.bad_step) + " (micro-batch, counted from 0)";
+      else
+        where = "in the micro-batches " + std::to_string(window) + " to " + std::to_string(s.bad_step) +
+                " (counted from 0; accumulated into one optimizer step, their losses finite)";
+      throw non_finite_error("locus: training stopped: a non-finite gradient " + where +
+                                 "; it went non-finite first in '" + first + "' (all affected: " + all +
                                  "). The weights are those before that step. Lower the learning rate, check the "
                                  "inputs for inf/NaN, or train with a grad scaler.",
-                             s.bad_step, first);
+                             step, first);
     }
   }
 
@@ -451,6 +509,10 @@ class trainer {
   tensor<A, device, 1> running_;
   tensor<std::int64_t, device, 1> guard_;
   tensor<int, device, 1> guard_flags_;
+  // [0] the first micro-step whose loss was not finite (fp32 guard), [1] the first
+  // micro-step of the optimizer step that tripped the guard; -1: none.
+  tensor<std::int64_t, device, 1> diag_;
+  std::int64_t window_first_ = 0;  // the first micro-step of the optimizer step being accumulated
   tensor<C, device, 2> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };

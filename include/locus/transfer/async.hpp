@@ -152,7 +152,9 @@ void enqueue_and_record(void* dst, const void* src, std::size_t bytes, event& do
 template <class V>
 class pending {
   static_assert(detail::tensor_traits<V>::is_tensor || detail::tensor_traits<V>::is_view,
-                "locus: pending<V> holds a tensor or a tensor_view");
+                "locus: pending<V> holds a tensor or a tensor_view, but V is another type; it is what "
+                "to_async (pending<tensor<T, D, R>>) and copy_async (pending<tensor_view<T, D, R>>) "
+                "return: write auto p = locus::to_async<locus::cuda>(t)");
 
  public:
   using value_type = V;
@@ -332,13 +334,13 @@ template <TensorLike Src, TensorLike Dst>
                 "locus: copy_async into a temporary tensor would free it while the copy writes "
                 "to it; pass a tensor that outlives the copy, or write locus::to_async<D>(src), "
                 "whose pending owns its destination");
-  static_assert(!std::is_const_v<typename dt::element_type> &&
-                    !(dt::is_tensor && std::is_const_v<std::remove_reference_t<Dst>>),
-                "locus: copy_async destination is const; pass a mutable tensor or tensor_view");
+  constexpr bool writable = !std::is_const_v<typename dt::element_type> &&
+                            !(dt::is_tensor && std::is_const_v<std::remove_reference_t<Dst>>);
+  static_assert(writable, "locus: copy_async destination is const; pass a mutable tensor or tensor_view");
   using SD = typename st::device;
   using DD = typename dt::device;
   using T = typename dt::value_type;
-  if constexpr (detail::require_async_endpoints<SD, DD>() &&
+  if constexpr (writable && detail::require_async_endpoints<SD, DD>() &&
                 detail::require_same_copy_dtype<typename st::value_type, T>() &&
                 detail::require_same_copy_rank<st::rank, dt::rank>()) {
     const auto s = detail::as_view(src);

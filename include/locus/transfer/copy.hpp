@@ -90,7 +90,8 @@ void copy(const Src& src, Dst&& dst) {
   static_assert(!std::is_const_v<typename dt::element_type>,
                 "locus: copy destination is a view of const elements; pass a tensor or a "
                 "mutable tensor_view");
-  if constexpr (detail::require_same_copy_dtype<typename st::value_type, typename dt::value_type>() &&
+  if constexpr (!std::is_const_v<typename dt::element_type> &&  // reported above: one error
+                detail::require_same_copy_dtype<typename st::value_type, typename dt::value_type>() &&
                 detail::require_same_copy_rank<st::rank, dt::rank>()) {
     using SD = typename st::device;
     using DD = typename dt::device;

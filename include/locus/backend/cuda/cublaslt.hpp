@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -205,11 +206,12 @@ struct cublaslt_gemm_args {
   bool accumulate = false;     // D = A B + D (beta 1)
 };
 
-/// Heuristic results, per device and problem.
-inline std::map<std::array<std::int64_t, 23>, cublasLtMatmulAlgo_t>& cublaslt_algo_cache(
+/// Heuristic results, per device and problem; nullopt: cuBLASLt has no algorithm for
+/// it (remembered, so the caller's unfused path does not ask again on every call).
+inline std::map<std::array<std::int64_t, 23>, std::optional<cublasLtMatmulAlgo_t>>& cublaslt_algo_cache(
     std::mutex*& mutex) {
   static std::mutex m;
-  static auto* cache = new std::map<std::array<std::int64_t, 23>, cublasLtMatmulAlgo_t>();
+  static auto* cache = new std::map<std::array<std::int64_t, 23>, std::optional<cublasLtMatmulAlgo_t>>();
   mutex = &m;
   return *cache;
 }
@@ -260,7 +262,8 @@ inline bool cublaslt_gemm(const cublaslt_gemm_args& g) {
     std::lock_guard lock(*cache_mutex);
     auto it = cache.find(key);
     if (it != cache.end()) {
-      algo = it->second;
+      if (!it->second) return false;
+      algo = *it->second;
       found = true;
     }
   }
@@ -275,7 +278,16 @@ inline bool cublaslt_gemm(const cublaslt_gemm_args& g) {
     int count = 0;
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
         st.handle, desc.h, first.h, second.h, out.h, out.h, pref.h, 1, &result, &count);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0)) return false;
+    // No algorithm: NOT_SUPPORTED, or no result. With an epilogue, any refusal of the
+    // heuristic (some versions answer INVALID_VALUE for shapes an epilogue cannot take,
+    // e.g. a single row) means the same: the caller runs the unfused path instead.
+    const bool none = s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0) ||
+                      (s != CUBLAS_STATUS_SUCCESS && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
+    if (none) {
+      std::lock_guard lock(*cache_mutex);
+      cache.emplace(key, std::nullopt);
+      return false;
+    }
     LOCUS_CUBLAS_CHECK(s);
     algo = result.algo;
     std::lock_guard lock(*cache_mutex);
