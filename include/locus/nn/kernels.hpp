@@ -78,7 +78,7 @@ LOCUS_HOST_DEVICE inline C act_derivative(act_kind k, C z, C y) {
     case act_kind::tanh: return C(1) - y * y;
     case act_kind::sigmoid: return y * (C(1) - y);
     case act_kind::gelu: {
-      const C cdf = C(0.5) * (C(1) + m_erf(z * C(0.7071067811865476)));
+      const C cdf = C(0.5) * m_erfc(z * C(-0.7071067811865476));  // Phi(z), no cancellation for z < 0
       const C pdf = C(0.3989422804014327) * m_exp(C(-0.5) * z * z);
       return cdf + z * pdf;
     }

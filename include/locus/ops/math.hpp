@@ -51,6 +51,7 @@ LOCUS_DETAIL_MATH1(m_log, log)
 LOCUS_DETAIL_MATH1(m_sqrt, sqrt)
 LOCUS_DETAIL_MATH1(m_tanh, tanh)
 LOCUS_DETAIL_MATH1(m_erf, erf)
+LOCUS_DETAIL_MATH1(m_erfc, erfc)
 LOCUS_DETAIL_MATH1(m_fabs, fabs)
 #undef LOCUS_DETAIL_MATH1
 LOCUS_HOST_DEVICE inline float m_pow(float x, float y) { return ::powf(x, y); }
@@ -105,17 +106,21 @@ struct sigmoid {
 };
 /// max(x, 0); NaN stays NaN.
 struct relu { template <class C> LOCUS_HOST_DEVICE C operator()(C a) const { return a < C(0) ? C(0) : a; } };
-/// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+/// computed as x / (1 + exp(-2u)) (the same function): 1 + tanh(u) would cancel for
+/// negative x and lose most of the digits of the small result.
 struct gelu_tanh {
   template <class C> LOCUS_HOST_DEVICE C operator()(C x) const {
     const C k = C(0.7978845608028654);
-    return C(0.5) * x * (C(1) + m_tanh(k * (x + C(0.044715) * x * x * x)));
+    const C u = k * (x + C(0.044715) * x * x * x);
+    return x / (C(1) + m_exp(C(-2) * u));
   }
 };
-/// GELU, exact: 0.5 x (1 + erf(x / sqrt 2)).
+/// GELU, exact: 0.5 x (1 + erf(x / sqrt 2)), computed as 0.5 x erfc(-x / sqrt 2) (the same
+/// function), which keeps its relative accuracy where 1 + erf would cancel (x < 0).
 struct gelu_erf {
   template <class C> LOCUS_HOST_DEVICE C operator()(C x) const {
-    return C(0.5) * x * (C(1) + m_erf(x * C(0.7071067811865476)));
+    return C(0.5) * x * m_erfc(x * C(-0.7071067811865476));
   }
 };
 }  // namespace op
