@@ -341,22 +341,44 @@ def gpu_main(a):
         rs = [x for x in load_jsonl(f) if "samples_per_s" in x]
         if rs:
             locus_train[os.path.basename(f)[len("locus.train_"):-6]] = rs[-1]
+    # locus's side of the same work on cuda: bench_cuda_kernels (Google Benchmark JSON;
+    # run names carry /iterations:N/manual_time).
+    kern = load_gb(os.path.join(d, "bench_cuda_kernels.json"))
+
+    def kernel_side(prefix, n_expected, torch_seconds):
+        """(locus text, ratio text) for the first run whose name starts with prefix."""
+        for name, e in kern.items():
+            if name.split("/")[0] != prefix:
+                continue
+            if e["err"]:
+                return f"— ({e['err']})", ""
+            if not e["t"]:
+                return "", ""
+            t = statistics.median(e["t"])
+            return f"{t * 1e3:.3g} ms", (f"{torch_seconds / t:.2f}" if n_expected else "")
+        return "", ""
+
     rows = []
     for name, rs in recs.items():
         for x in rs:
             n = x.get("name")
             if n == "elementwise":
+                l_txt, r_txt = kernel_side("BM_fused_relu_axpb_cuda", x["n"] == 1 << 26, x["seconds"])
                 rows.append((f"`relu(a*x+b)` {x['variant']}, {x['n']} f32",
-                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", "", ""))
+                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", l_txt, r_txt))
             elif n == "reduce":
+                l_txt, r_txt = kernel_side("BM_sum_cuda", x["n"] == 1 << 26, x["seconds"])
                 rows.append((f"`sum`, {x['n']} f32",
-                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", "", ""))
+                             f"{x['seconds'] * 1e3:.3g} ms, {x['gbytes_per_s']:.3g} GB/s", l_txt, r_txt))
             elif n == "matmul":
                 tf = " (TF32)" if x.get("tf32") else ""
                 rate = (f"{x['gflops'] / 1e3:.1f} TFLOP/s" if x["gflops"] >= 1000
                         else f"{x['gflops']:.1f} GFLOP/s")
+                l_txt = r_txt = ""
+                if x.get("dtype") == "bfloat16" and x.get("n") in (4096, 8192):
+                    l_txt, r_txt = kernel_side(f"BM_matmul_bf16_{x['n']}_locus", True, x["seconds"])
                 rows.append((f"GEMM {x['n']}³ {x['dtype']}{tf}, {x['variant']}",
-                             f"{x['seconds'] * 1e3:.3g} ms, {rate}", "", ""))
+                             f"{x['seconds'] * 1e3:.3g} ms, {rate}", l_txt, r_txt))
             elif n == "mlp_train":
                 prec = {"none": "fp32"}.get(x["amp"], x["amp"])
                 loc = locus_train.get(prec)
