@@ -220,3 +220,49 @@ TEST_CASE_TEMPLATE("expressions: NaN propagates through maximum and minimum", D,
   CHECK(std::isnan(mn(1)));
   CHECK(mn(2) == -2.0f);
 }
+
+TEST_CASE_TEMPLATE("expressions: an operand that aliases the destination through another mapping is read before it is written",
+                   D, LOCUS_TEST_DEVICES) {
+  using locus_expr_test::as_double;
+  const int n = 67;  // odd, so that no row lines up with a block of threads
+  auto t = locus::randn<float, D>({n, n}, 41);
+  const auto T0 = as_double(t);
+  // t += transpose(t): element (i, j) reads (j, i), which another element writes.
+  t += locus::transpose(t);
+  auto T1 = as_double(t);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      const std::size_t a = std::size_t(i * n + j), b = std::size_t(j * n + i);
+      CHECK(T1[a] == double(float(T0[a]) + float(T0[b])));
+    }
+  // t = transpose(t) * 2 (same shape: evaluated in place, so through a temporary).
+  t = locus::transpose(t) * 2.0f;
+  const auto T2 = as_double(t);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) CHECK(T2[std::size_t(i * n + j)] == 2 * T1[std::size_t(j * n + i)]);
+  // Subtracting row 0 from every row: row 0 becomes 0 before other rows read it.
+  t -= t.slice(0, 1);
+  const auto T3 = as_double(t);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      CHECK(T3[std::size_t(i * n + j)] == double(float(T2[std::size_t(i * n + j)]) - float(T2[std::size_t(j)])));
+  // Overlapping shifted views of one buffer: v[1:] = v[:-1] + 1 reads the old values.
+  auto v = locus::arange<float, D>(100);
+  auto head = v.slice(0, 99), tail = v.slice(1, 100);
+  tail = head + 1.0f;
+  const auto V = as_double(v);
+  for (int i = 0; i < 100; ++i) CHECK(V[std::size_t(i)] == (i == 0 ? 0.0 : double(i)));
+}
+
+TEST_CASE_TEMPLATE("expressions: one pass and one allocation at most", D, LOCUS_TEST_DEVICES) {
+  auto a = locus::randn<float, D>({1000}, 51);
+  auto x = locus::randn<float, D>({1000}, 52);
+  auto b = locus::randn<float, D>({1000}, 53);
+  const auto before = locus::memory_stats<D>().allocations;
+  locus::tensor<float, D, 1> y = locus::relu(a * x + b);  // the result, nothing in between
+  CHECK(locus::memory_stats<D>().allocations == before + 1);
+  y = locus::relu(a * x + b) * y + y;  // same shape, y read only at its own positions: in place
+  CHECK(locus::memory_stats<D>().allocations == before + 1);
+  y += a * x;
+  CHECK(locus::memory_stats<D>().allocations == before + 1);
+}

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -67,6 +68,31 @@ extents<(RA > RB ? RA : RB)> broadcast_shapes(const extents<RA>& a, const extent
     out[k] = ea == 1 ? eb : ea;
   }
   return out;
+}
+
+/// The bytes a strided view spans, [lo, hi); empty for an empty view.
+struct byte_range {
+  std::uintptr_t lo = 0, hi = 0;
+};
+template <std::size_t R>
+byte_range range_of(const void* p, const extents<R>& shape, const extents<R>& strides,
+                    std::size_t elem) noexcept {
+  index_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < R; ++i) {
+    if (shape[i] <= 0) return {};
+    const index_t off = (shape[i] - 1) * strides[i];
+    (off < 0 ? lo : hi) += off;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  return {base + static_cast<std::uintptr_t>(lo * static_cast<index_t>(elem)),
+          base + static_cast<std::uintptr_t>((hi + 1) * static_cast<index_t>(elem))};
+}
+inline bool ranges_overlap(const byte_range& a, const byte_range& b) noexcept {
+  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+template <class T, class D, std::size_t R>
+byte_range range_of(const tensor_view<T, D, R>& v) noexcept {
+  return range_of(static_cast<const void*>(v.data_handle()), v.shape(), v.strides(), sizeof(T));
 }
 
 // ---- evaluators: trivially copyable functors that run on host and device ------------
@@ -146,6 +172,24 @@ struct leaf_expr : expression_tag {
     if constexpr (RO != R) return false;
     else return v.is_contiguous() && v.shape() == out;
   }
+  /// Does evaluating into dst read memory that dst writes, other than each element's
+  /// own value (same address, same strides after broadcasting)? Then the kernel could
+  /// read an element another thread has already overwritten.
+  template <class U, class D2, std::size_t RO>
+  bool aliases(const tensor_view<U, D2, RO>& dst) const {
+    if (!ranges_overlap(range_of(v), range_of(dst))) return false;
+    if (static_cast<const void*>(v.data_handle()) != static_cast<const void*>(dst.data_handle())) return true;
+    if constexpr (RO < R) {
+      return true;
+    } else {
+      for (std::size_t k = 0; k < RO; ++k) {
+        if (dst.shape()[k] == 1) continue;  // one position: the stride is never used
+        const index_t s = k < RO - R ? 0 : (v.shape()[k - (RO - R)] == 1 ? 0 : v.strides()[k - (RO - R)]);
+        if (s != dst.strides()[k]) return true;
+      }
+      return false;
+    }
+  }
   template <std::size_t RO>
   leaf_eval<value_type, RO> make_eval(const extents<RO>& out) const {
     leaf_eval<value_type, RO> e{v.data_handle(), {}};
@@ -170,6 +214,8 @@ struct scalar_expr : expression_tag {
   extents<0> shape() const { return {}; }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>&) const { return true; }
+  template <class V>
+  bool aliases(const V&) const { return false; }
   template <std::size_t RO>
   scalar_eval<compute_t<T>> make_eval(const extents<RO>&) const { return {value}; }
 };
@@ -184,6 +230,8 @@ struct unary_expr : expression_tag {
   auto shape() const { return a.shape(); }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out); }
+  template <class V>
+  bool aliases(const V& dst) const { return a.aliases(dst); }
   template <std::size_t RO>
   auto make_eval(const extents<RO>& out) const {
     return unary_eval<Op, decltype(a.make_eval(out))>{op, a.make_eval(out)};
@@ -206,6 +254,8 @@ struct binary_expr : expression_tag {
   const extents<rank>& shape() const { return shape_; }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out) && b.linear_ok(out); }
+  template <class V>
+  bool aliases(const V& dst) const { return a.aliases(dst) || b.aliases(dst); }
   template <std::size_t RO>
   auto make_eval(const extents<RO>& out) const {
     return binary_eval<Op, decltype(a.make_eval(out)), decltype(b.make_eval(out))>{
@@ -231,6 +281,8 @@ struct where_expr : expression_tag {
   bool linear_ok(const extents<RO>& out) const {
     return c.linear_ok(out) && a.linear_ok(out) && b.linear_ok(out);
   }
+  template <class V>
+  bool aliases(const V& dst) const { return c.aliases(dst) || a.aliases(dst) || b.aliases(dst); }
   template <std::size_t RO>
   auto make_eval(const extents<RO>& out) const {
     return where_eval<decltype(c.make_eval(out)), decltype(a.make_eval(out)), decltype(b.make_eval(out))>{
@@ -247,6 +299,8 @@ struct cast_expr : expression_tag {
   auto shape() const { return a.shape(); }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out); }
+  template <class V>
+  bool aliases(const V& dst) const { return a.aliases(dst); }
   template <std::size_t RO>
   auto make_eval(const extents<RO>& out) const {
     return cast_eval<U, decltype(a.make_eval(out))>{a.make_eval(out)};
@@ -389,6 +443,14 @@ void evaluate_into_checked(const tensor_view<T, D, RO>& dst, const E& e) {
                       " (the destination was not changed)");
   const index_t n = dst.numel();
   if (n == 0) return;
+  if (e.aliases(dst)) {
+    // An operand reads dst's memory through another mapping (t += transpose(t), a
+    // broadcast row of t, an overlapping view): evaluate into a temporary first.
+    tensor<T, D, RO> tmp(dst.shape());
+    evaluate_into(tmp.view(), e);
+    evaluate_into(dst, leaf_expr<T, D, RO>{{}, std::as_const(tmp).view()});
+    return;
+  }
   if constexpr (is_host_cast_leaf<E>::value) {
     // Whole-tensor f32 <-> f16/bf16 conversion on the host: the vectorised path.
     if (dst.is_contiguous() && e.a.v.is_contiguous() && e.a.v.shape() == dst.shape()) {
@@ -456,7 +518,7 @@ template <class T, class D, std::size_t R, class E>
 void assign_expr(tensor<T, D, R>& t, const E& e) {
   if constexpr (check_expr_assign<T, D, R, E, true>()) {
     if (t.shape() == e.shape()) {
-      evaluate_into(t.view(), e);  // in place; elementwise aliasing is safe
+      evaluate_into(t.view(), e);  // in place; other aliasing goes through a temporary there
     } else {
       tensor<T, D, R> out(e.shape());
       evaluate_into(out.view(), e);
