@@ -79,6 +79,13 @@ TEST_CASE_TEMPLATE("factories: arange counts like std::iota", D, LOCUS_TEST_DEVI
   CHECK(locus_test::values_of(f) == std::vector<double>{1.0, 1.25, 1.5, 1.75});
   CHECK(locus::arange<float, D>(5.0, 1.0).numel() == 0);
   CHECK_THROWS_AS((locus::arange<float, D>(0.0, 1.0, 0.0)), locus::shape_error);
+  // Counts that are not finite or do not fit index_t, and a negative n: shape_error,
+  // not a cast whose result the language leaves undefined.
+  CHECK_THROWS_AS((locus::arange<float, D>(0.0, 1e300, 1e-300)), locus::shape_error);
+  CHECK_THROWS_AS((locus::arange<float, D>(0.0, std::numeric_limits<double>::infinity())), locus::shape_error);
+  CHECK_THROWS_AS((locus::arange<float, D>(std::numeric_limits<double>::quiet_NaN(), 1.0)), locus::shape_error);
+  CHECK_THROWS_AS((locus::arange<float, D>(0.0, 1.0, std::numeric_limits<double>::infinity())), locus::shape_error);
+  CHECK_THROWS_AS((locus::arange<float, D>(-3)), locus::shape_error);
 }
 
 TEST_CASE_TEMPLATE("random: the same seed gives the same numbers with plausible statistics", D, LOCUS_TEST_DEVICES) {

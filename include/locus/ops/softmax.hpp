@@ -93,30 +93,38 @@ auto softmax_impl(const X& x, std::size_t axis) {
   using T = typename E::value_type;
   using D = typename E::device;
   constexpr std::size_t R = E::rank;
-  static_assert(R >= 1, "locus: softmax needs rank >= 1");
-  static_assert(dtype_traits<T>::is_floating,
-                "locus: softmax needs a floating dtype; convert first with locus::cast<float>(x)");
-  const E e = to_expr(x);
-  const auto shape = e.shape();
-  check_axis(axis, shape);
-  tensor<T, D, R> out(shape);
-  if (out.numel() == 0) return out;
-  index_array<R> sh{}, st{};
-  const auto strides = contiguous_strides(shape);
-  for (std::size_t k = 0; k < R; ++k) {
-    sh.v[k] = shape[k];
-    st.v[k] = strides[k];
-  }
-  const index_t rows = out.numel() / shape[axis];
-  const auto ev = e.make_eval(shape);
-  if (axis == R - 1 && e.linear_ok(shape)) {
-    launch_n<D>(rows, softmax_last_axis_kernel<T, Log, decltype(ev)>{out.data_handle(), ev, shape[axis]},
+  if constexpr (R < 1) {
+    static_assert(always_false<X>,
+                  "locus: softmax needs rank >= 1 (it normalises along an axis), but got a rank-0 "
+                  "value; give it an axis first: x.reshape({1})");
+    return 0;
+  } else if constexpr (!dtype_traits<T>::is_floating) {
+    static_assert(always_false<X>,
+                  "locus: softmax needs a floating dtype; convert first with locus::cast<float>(x)");
+    return 0;
+  } else {
+    const E e = to_expr(x);
+    const auto shape = e.shape();
+    check_axis(axis, shape);
+    tensor<T, D, R> out(shape);
+    if (out.numel() == 0) return out;
+    index_array<R> sh{}, st{};
+    const auto strides = contiguous_strides(shape);
+    for (std::size_t k = 0; k < R; ++k) {
+      sh.v[k] = shape[k];
+      st.v[k] = strides[k];
+    }
+    const index_t rows = out.numel() / shape[axis];
+    const auto ev = e.make_eval(shape);
+    if (axis == R - 1 && e.linear_ok(shape)) {
+      launch_n<D>(rows, softmax_last_axis_kernel<T, Log, decltype(ev)>{out.data_handle(), ev, shape[axis]},
+                  shape[axis]);
+      return out;
+    }
+    launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis},
                 shape[axis]);
     return out;
   }
-  launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis},
-              shape[axis]);
-  return out;
 }
 
 template <class T, class L>
@@ -157,7 +165,8 @@ auto one_hot(const L& labels, index_t classes) {
   using D = typename tr::device;
   constexpr std::size_t R = tr::rank;
   static_assert(std::is_integral_v<LT> && !std::is_same_v<LT, bool>,
-                "locus: one_hot needs integer labels (i32 or i64)");
+                "locus: one_hot needs integer labels (i64, i32 or u8), but got a floating or bool "
+                "dtype; convert first: locus::cast<std::int64_t>(labels)");
   if (classes <= 0) throw shape_error("locus: one_hot needs classes > 0, got " + std::to_string(classes));
   const auto lv = detail::as_view_const(labels);
   extents<R + 1> shape{};

@@ -70,10 +70,12 @@ struct bound_parameters {
   template <Device MD, class Policy>
   static bound_parameters bind(nn::parameter_store<MD, Policy>& s) {
     static_assert(locus::detail::require_optimizer_on_model_device<D, MD>());
-    static_assert(std::is_same_v<typename Policy::master, float>,
-                  "locus: optimizers update f32 master weights; amp::fp64 is for gradient checks");
     bound_parameters b;
-    if constexpr (std::is_same_v<D, MD>) {
+    if constexpr (!std::is_same_v<typename Policy::master, float>) {
+      static_assert(locus::detail::always_false<Policy>,
+                    "locus: optimizers update f32 master weights; amp::fp64 is for gradient checks; "
+                    "train with amp::fp32, amp::bf16_mixed or amp::fp16_mixed");
+    } else if constexpr (std::is_same_v<D, MD>) {
       b.p = s.master().data_handle();
       b.g = s.grad().data_handle();
       if constexpr (nn::parameter_store<MD, Policy>::separate_compute) b.pc = s.compute_data();

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <cstring>
 #include <iterator>
 #include <span>
@@ -107,17 +108,21 @@ tensor<T, D, R> ones(const index_t (&shape)[R]) {
 /// [start, start + step, ...) up to but excluding stop, as a rank-1 tensor.
 template <Dtype T, Device D>
 tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
-  if (step == 0.0 || !(step == step))
+  if (step == 0.0 || !(step - step == 0.0))
     throw shape_error("locus: arange step must be finite and non-zero");
   const double span = (stop - start) / step;
+  if (!(span - span == 0.0) || span > 9.0e18)  // NaN or inf bounds, or more elements than index_t counts
+    throw shape_error("locus: arange(" + std::to_string(start) + ", " + std::to_string(stop) + ", " +
+                      std::to_string(step) + ") has no finite element count");
   const index_t n = span > 0 ? static_cast<index_t>(std::ceil(span)) : 0;
   tensor<T, D, 1> t(extents<1>{n});
   detail::launch_n<D>(n, detail::arange_fill<T>{t.data_handle(), start, step});
   return t;
 }
-/// 0, 1, ..., n-1.
+/// 0, 1, ..., n-1; n < 0 is a shape_error (as a negative extent is).
 template <Dtype T, Device D>
 tensor<T, D, 1> arange(index_t n) {
+  if (n < 0) throw shape_error("locus: arange(n) needs n >= 0, got " + std::to_string(n));
   return arange<T, D>(0.0, static_cast<double>(n), 1.0);
 }
 

@@ -1,0 +1,14 @@
+// expect: error: .*locus: cannot assign through a view of const elements
+// Rule: a view of const elements is read-only for compound assignment too (the same
+// rule as expr_assign_const_view, reached through +=, -=, *=, /=).
+#include <locus/locus.hpp>
+
+void f(const locus::tensor<float, locus::cpu, 1>& a, locus::tensor<float, locus::cpu, 1>& b) {
+#ifdef LOCUS_VIOLATION
+  locus::tensor_view<const float, locus::cpu, 1> v = a.view();
+#else
+  locus::tensor_view<float, locus::cpu, 1> v = b.view();
+#endif
+  v += 1.0f;
+  (void)a, (void)b;
+}

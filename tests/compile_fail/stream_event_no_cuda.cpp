@@ -1,0 +1,11 @@
+// expect: error: .*locus: locus::event needs a build with CUDA, but this one has LOCUS_ENABLE_CUDA=0
+// Rule: without CUDA, creating an event is a compile error, not a run-time surprise.
+#define LOCUS_ENABLE_CUDA 0
+#include <locus/transfer/stream.hpp>
+
+void f() {
+#ifdef LOCUS_VIOLATION
+  locus::event e;
+  (void)e;
+#endif
+}
