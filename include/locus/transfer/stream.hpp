@@ -31,8 +31,10 @@ namespace locus {
 
 class event;
 
-/// A CUDA stream (non-blocking), owned. Move-only; destroying it releases the handle
-/// once the work already enqueued on it has finished (the runtime's rule).
+/// A CUDA stream (non-blocking), owned. Move-only; destroying it waits for the work
+/// already enqueued on it, then releases the handle (so memory the caching allocator
+/// holds for this stream is never handed to a later stream that reuses the handle
+/// while kernels still use it).
 class stream {
  public:
   /// Creates a stream on the current device. Throws cuda_error (the runtime's text,
@@ -79,7 +81,13 @@ class stream {
     return handle_;
   }
   void reset() noexcept {
-    if (handle_) (void)cudaStreamDestroy(handle_);
+    if (handle_) {
+      // Finish the stream's work first: the cuda allocator keys cached blocks by stream
+      // handle, and the runtime may hand this handle to the next stream created, which
+      // must not receive a block that kernels of this one still use.
+      (void)cudaStreamSynchronize(handle_);
+      (void)cudaStreamDestroy(handle_);
+    }
     handle_ = nullptr;
   }
   cudaStream_t handle_ = nullptr;
