@@ -61,8 +61,20 @@ struct flat_reader {
 };
 
 // ---- reduction operators: one source for every device ---------------------------------
+/// a + b; for signed integers in two's complement (through the unsigned type), so that
+/// partial sums may overflow on the way (lanes and blocks group values of one sign)
+/// and the total is still exact whenever it fits, with no undefined behaviour.
+template <class A>
+LOCUS_HOST_DEVICE constexpr A add_wrapping(A a, A b) {
+  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
 struct sum_op {
-  template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return a + b; }
+  template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return add_wrapping(a, b); }
   template <class A> static constexpr A identity() { return A(0); }
 };
 /// The identities of max and min: -inf and +inf for floating accumulators (so the max
@@ -262,11 +274,12 @@ struct axis_reduce_kernel {
           const A d = v - mean;
           part[j & 7] += d * d;
         } else {
-          part[j & 7] += v;
+          part[j & 7] = add_wrapping(part[j & 7], v);
         }
       }
-      const A block = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-      total += static_cast<W>(block);
+      const A block = add_wrapping(add_wrapping(add_wrapping(part[0], part[1]), add_wrapping(part[2], part[3])),
+                                   add_wrapping(add_wrapping(part[4], part[5]), add_wrapping(part[6], part[7])));
+      total = add_wrapping(total, static_cast<W>(block));
     }
     return total;
   }
