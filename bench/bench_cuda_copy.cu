@@ -11,6 +11,8 @@
 // Each locus path is checked once (the bytes arrive) before it is timed.
 #include <benchmark/benchmark.h>
 
+#include "cuda_bench.hpp"
+
 #include <locus/data/loader.hpp>
 #include <locus/locus.hpp>
 
@@ -28,49 +30,9 @@ namespace {
 constexpr std::size_t bytes = std::size_t{256} << 20;  // 256 MiB
 constexpr locus::index_t n_idx = static_cast<locus::index_t>(bytes / sizeof(float));
 
-/// Times one copy on the current stream with a pair of events.
-class event_timer {
- public:
-  event_timer() {
-    LOCUS_CUDA_CHECK(cudaEventCreate(&start_));
-    LOCUS_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~event_timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  event_timer(const event_timer&) = delete;
-  event_timer& operator=(const event_timer&) = delete;
-  void start() { LOCUS_CUDA_CHECK(cudaEventRecord(start_, locus::detail::current_stream())); }
-  /// Seconds since start().
-  double stop() {
-    LOCUS_CUDA_CHECK(cudaEventRecord(stop_, locus::detail::current_stream()));
-    LOCUS_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return static_cast<double>(ms) / 1e3;
-  }
-
- private:
-  cudaEvent_t start_{}, stop_{};
-};
-
-bool need_device(benchmark::State& state) {
-  if (locus::cuda_available()) return true;
-  state.SkipWithError("no CUDA device");
-  return false;
-}
-
-/// Runs body(state) and turns a locus or CUDA error into a skipped case with its text.
-template <class F>
-void guarded(benchmark::State& state, F&& body) {
-  if (!need_device(state)) return;
-  try {
-    body(state);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
+using locus_bench::event_timer;
+using locus_bench::guarded;
+using locus_bench::need_device;
 
 /// True when the first, a middle and the last 4 KiB of a and b (device memory) agree.
 bool spot_equal(const float* a_dev, const float* b_dev) {

@@ -32,6 +32,8 @@
 // is timed. Without a usable CUDA device every case reports "no CUDA device" and is skipped.
 #include <benchmark/benchmark.h>
 
+#include "cuda_bench.hpp"
+
 #include <locus/locus.hpp>
 
 #include <cub/device/device_reduce.cuh>
@@ -59,49 +61,9 @@ constexpr std::int64_t f32_bytes = std::int64_t{4} * big;  // one 2^26 f32 array
 constexpr int bw_calls = 10;                             // calls per timed batch
 constexpr int bw_iterations = 50;                        // batches per case
 
-/// Times a batch of calls on the current stream with a pair of events.
-class event_timer {
- public:
-  event_timer() {
-    LOCUS_CUDA_CHECK(cudaEventCreate(&start_));
-    LOCUS_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~event_timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  event_timer(const event_timer&) = delete;
-  event_timer& operator=(const event_timer&) = delete;
-  void start() { LOCUS_CUDA_CHECK(cudaEventRecord(start_, locus::detail::current_stream())); }
-  /// Seconds since start().
-  double stop() {
-    LOCUS_CUDA_CHECK(cudaEventRecord(stop_, locus::detail::current_stream()));
-    LOCUS_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return static_cast<double>(ms) / 1e3;
-  }
-
- private:
-  cudaEvent_t start_{}, stop_{};
-};
-
-bool need_device(benchmark::State& state) {
-  if (locus::cuda_available()) return true;
-  state.SkipWithError("no CUDA device");
-  return false;
-}
-
-/// Runs body(state) and turns a locus or CUDA error into a skipped case with its text.
-template <class F>
-void guarded(benchmark::State& state, F&& body) {
-  if (!need_device(state)) return;
-  try {
-    body(state);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
+using locus_bench::event_timer;
+using locus_bench::guarded;
+using locus_bench::need_device;
 
 /// The timed loop every case shares: `warmup` calls, then per iteration one batch of
 /// `calls` calls between two events; the iteration's time is the batch's / calls.
