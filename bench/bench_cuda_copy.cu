@@ -217,15 +217,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("copy_bytes", std::to_string(bytes));
-  if (locus::cuda_available()) {
-    int dev = 0;
-    cudaDeviceProp p{};
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
-      benchmark::AddCustomContext("cuda_device", std::string(p.name) + " (sm_" +
-                                                     std::to_string(p.major) + std::to_string(p.minor) + ")");
-  } else {
-    benchmark::AddCustomContext("cuda_device", "none: " + locus::environment().cuda_status);
-  }
+  locus_bench::add_cuda_device_context();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

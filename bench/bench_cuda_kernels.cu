@@ -511,15 +511,7 @@ int main(int argc, char** argv) {
         ->Iterations(g.n >= 8192 ? 20 : 30);
   }
   benchmark::AddCustomContext("elements", std::to_string(big));
-  if (locus::cuda_available()) {
-    int dev = 0;
-    cudaDeviceProp p{};
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
-      benchmark::AddCustomContext("cuda_device", std::string(p.name) + " (sm_" +
-                                                     std::to_string(p.major) + std::to_string(p.minor) + ")");
-  } else {
-    benchmark::AddCustomContext("cuda_device", "none: " + locus::environment().cuda_status);
-  }
+  locus_bench::add_cuda_device_context();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

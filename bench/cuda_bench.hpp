@@ -7,6 +7,7 @@
 #include <locus/locus.hpp>
 
 #include <exception>
+#include <string>
 
 namespace locus_bench {
 
@@ -52,6 +53,19 @@ void guarded(benchmark::State& state, F&& body) {
     body(state);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
+  }
+}
+
+/// The GPU's name and compute capability (or why there is none) in the JSON context.
+inline void add_cuda_device_context() {
+  if (locus::cuda_available()) {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
+      benchmark::AddCustomContext("cuda_device", std::string(p.name) + " (sm_" + std::to_string(p.major) +
+                                                     std::to_string(p.minor) + ")");
+  } else {
+    benchmark::AddCustomContext("cuda_device", "none: " + locus::environment().cuda_status);
   }
 }
 

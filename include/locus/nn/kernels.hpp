@@ -310,22 +310,12 @@ struct accumulate_scalar_kernel {
   A* acc;
   const A* v;
   A w;
-  LOCUS_HOST_DEVICE void operator()(index_t) const { *acc += *v * w; }
-};
-
-/// The trainer's running loss: acc += loss * w, and the first micro-step whose loss was
-/// not finite goes to *first_bad (when given and still -1).
-template <class A>
-struct accumulate_loss_kernel {
-  A* acc;
-  const A* loss;
-  A w;
-  std::int64_t* first_bad;  // nullptr: not watched
-  std::int64_t micro_step;
+  std::int64_t* first_nonfinite = nullptr;  // when given and still -1: gets `tag` if *v is not finite
+  std::int64_t tag = 0;
   LOCUS_HOST_DEVICE void operator()(index_t) const {
-    const A v = *loss;
-    *acc += v * w;
-    if (first_bad && *first_bad < 0 && !(v - v == A(0))) *first_bad = micro_step;  // inf - inf, NaN - NaN: NaN
+    const A x = *v;
+    *acc += x * w;
+    if (first_nonfinite && *first_nonfinite < 0 && !(x - x == A(0))) *first_nonfinite = tag;  // inf, NaN
   }
 };
 

@@ -447,8 +447,8 @@ void evaluate_into_checked(const tensor_view<T, D, RO>& dst, const E& e) {
     // An operand reads dst's memory through another mapping (t += transpose(t), a
     // broadcast row of t, an overlapping view): evaluate into a temporary first.
     tensor<T, D, RO> tmp(dst.shape());
-    evaluate_into(tmp.view(), e);
-    evaluate_into(dst, leaf_expr<T, D, RO>{{}, std::as_const(tmp).view()});
+    evaluate_into_checked(tmp.view(), e);
+    evaluate_into_checked(dst, leaf_expr<T, D, RO>{{}, std::as_const(tmp).view()});
     return;
   }
   if constexpr (is_host_cast_leaf<E>::value) {

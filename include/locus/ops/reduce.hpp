@@ -330,14 +330,6 @@ struct square_dev_reader {
   }
 };
 
-template <class T, class V = double>
-struct store_scalar {
-  T* out;
-  const V* value;
-  V scale;
-  LOCUS_HOST_DEVICE void operator()(index_t) const { out[0] = store<T>(*value * scale); }
-};
-
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
 template <class F, class To>
 struct cast_reader {
@@ -495,7 +487,7 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
       auto* tmp = static_cast<A*>(alloc.allocate(sizeof(A)));
       auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, A>{rd});
       cub_reduce(in, tmp, n, Op{}, Op::template identity<A>());
-      launch_n<D>(1, store_scalar<Out, A>{out, tmp, A(1)});
+      launch_n<D>(1, scale_store<A, Out>{tmp, out, A(1)});
       alloc.deallocate(tmp);
     } else {
       // sum/mean/var in wide_sum_t<A>: double for floating types (one value; precision
@@ -506,17 +498,15 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
       auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, W>{rd});
       cub_reduce(in, tmp, n, sum_op{}, W(0));
       if constexpr (K == reduce_kind::sum) {
-        launch_n<D>(1, store_scalar<Out, W>{out, tmp, W(1)});
-      } else {
-        launch_n<D>(1, store_scalar<double>{tmp + 1, tmp, 1.0 / static_cast<double>(n)});  // mean
-        if constexpr (K == reduce_kind::mean) {
-          launch_n<D>(1, store_scalar<Out>{out, tmp + 1, 1.0});
-        } else {
-          auto sq = make_transform_iterator(counting_iterator<index_t>(0),
-                                            square_dev_reader<decltype(ev), R>{ev, sh, tmp + 1});
-          cub_reduce(sq, tmp, n, sum_op{}, 0.0);
-          launch_n<D>(1, store_scalar<Out>{out, tmp, 1.0 / (static_cast<double>(n) - correction)});
-        }
+        launch_n<D>(1, scale_store<W, Out>{tmp, out, W(1)});
+      } else if constexpr (K == reduce_kind::mean) {
+        launch_n<D>(1, scale_store<double, Out>{tmp, out, 1.0 / static_cast<double>(n)});
+      } else {  // var: the mean (kept on the device), then the squared deviations from it
+        launch_n<D>(1, scale_store<double, double>{tmp, tmp + 1, 1.0 / static_cast<double>(n)});
+        auto sq = make_transform_iterator(counting_iterator<index_t>(0),
+                                          square_dev_reader<decltype(ev), R>{ev, sh, tmp + 1});
+        cub_reduce(sq, tmp, n, sum_op{}, 0.0);
+        launch_n<D>(1, scale_store<double, Out>{tmp, out, 1.0 / (static_cast<double>(n) - correction)});
       }
       alloc.deallocate(tmp);
     }

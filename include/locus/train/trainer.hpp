@@ -169,10 +169,10 @@ class trainer {
       // running loss as it was, like the weights. The fp32 guard also notes the first
       // micro-step whose loss was not finite.
       locus::detail::launch_n<device>(
-          1, locus::detail::accumulate_loss_kernel<A>{running_.data_handle(), l.data_handle(),
-                                                      static_cast<A>(xv.shape()[0]),
-                                                      (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr,
-                                                      micro_step_});
+          1, locus::detail::accumulate_scalar_kernel<A>{running_.data_handle(), l.data_handle(),
+                                                        static_cast<A>(xv.shape()[0]),
+                                                        (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr,
+                                                        micro_step_});
     } catch (const out_of_memory&) {
       // The weights are untouched (only optimizer steps write them); drop the partial
       // gradients so the next step starts clean.
