@@ -224,6 +224,17 @@ TEST_CASE_TEMPLATE("views: reshape and slice along the first axis and strided co
   locus::copy(on_d, into);
   CHECK(back(2, 2) == 10.0f);
   CHECK(back(2, 1) == 0.0f);
+
+  // clone() of a view (the fix that building a tensor from a view names): a new,
+  // contiguous tensor of the same device; a const view gives a mutable tensor.
+  auto rows_copy = std::as_const(m).slice(1, 3).clone();
+  static_assert(std::is_same_v<decltype(rows_copy), locus::tensor<float, D, 2>>);
+  CHECK(rows_copy.data_handle() != m.data_handle() + 6);
+  CHECK(locus_test::values_of(rows_copy) == std::vector<float>{6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17});
+  auto strided_copy = cols.clone();  // every other column of a host tensor
+  static_assert(std::is_same_v<decltype(strided_copy), locus::tensor<float, locus::cpu, 2>>);
+  CHECK(strided_copy.view().is_contiguous());
+  CHECK(locus_test::host_values(strided_copy) == std::vector<float>{0, 2, 4, 6, 8, 10});
 }
 
 TEST_CASE_TEMPLATE("moved-from tensors are empty and safe to destroy", D, LOCUS_TEST_DEVICES) {

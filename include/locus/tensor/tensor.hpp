@@ -236,6 +236,11 @@ class tensor_view {
     return {data_ + begin * strides_[0], s, strides_};
   }
 
+  /// A contiguous deep copy in a new tensor on the same device (defined in
+  /// transfer/copy.hpp). A strided cuda view throws shape_error, as copy() does:
+  /// evaluate it as an expression in a .cu file instead.
+  [[nodiscard]] tensor<std::remove_const_t<T>, D, R> clone() const;
+
  private:
   T* data_ = nullptr;
   extents<R> shape_{};

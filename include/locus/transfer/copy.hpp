@@ -148,4 +148,11 @@ tensor<T, D, R> tensor<T, D, R>::clone() const {
   return out;
 }
 
+template <class T, class D, std::size_t R>
+tensor<std::remove_const_t<T>, D, R> tensor_view<T, D, R>::clone() const {
+  tensor<std::remove_const_t<T>, D, R> out(shape_);
+  copy(*this, out);
+  return out;
+}
+
 }  // namespace locus
