@@ -514,7 +514,11 @@ void adamw_host(const adamw_kernel<C>& k, index_t n) {
   const float lr = k.lr, b1 = k.beta1, b2 = k.beta2, eps = k.eps, wd = k.weight_decay;
   const float bias1 = k.sc->bias1, bias2 = k.sc->bias2;
   [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
-#if defined(_OPENMP)
+  // clang vectorises sqrtf only under -fno-math-errno; asked for simd without it, it
+  // warns (-Wpass-failed) in every file that instantiates this, so it is not asked.
+#if defined(_OPENMP) && defined(__clang__)
+#pragma omp parallel for if (parallel)
+#elif defined(_OPENMP)
 #pragma omp parallel for simd if (parallel)
 #endif
   for (index_t i = 0; i < n; ++i) {
