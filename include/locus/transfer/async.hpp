@@ -149,6 +149,9 @@ void enqueue_and_record(void* dst, const void* src, std::size_t bytes, event& do
 
 /// The result of an asynchronous copy: a tensor (to_async) or a view of the
 /// destination (copy_async) that becomes reachable when the copy is done. Move-only.
+/// Like a std::future, one thread uses a pending at a time: ready() and get() note
+/// the completion (and release the source they kept alive), so calling them from two
+/// threads at once is a data race; hand a pending over (move it) instead of sharing it.
 template <class V>
 class pending {
   static_assert(detail::tensor_traits<V>::is_tensor || detail::tensor_traits<V>::is_view,
