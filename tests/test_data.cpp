@@ -648,6 +648,78 @@ TEST_CASE("loader can stop mid-epoch and start again") {
   // destroyed with an epoch in progress: must not hang or leak
 }
 
+TEST_CASE("loader: shard loaders on several threads while another thread reads the memory statistics") {
+  // Concurrency coverage for ThreadSanitizer: four ranks, each a loader consumed on
+  // its own thread (so four background threads allocate at once), while a fifth
+  // thread reads and resets the cpu allocator's statistics; then a loader stopped
+  // while its background thread is inside a slow load(). Each rank's batches must
+  // still be right, and together the ranks must partition the dataset.
+  counting_source src{.n = 203, .f = 8};
+  const auto base = locus::memory_stats<locus::cpu>().allocated_bytes;
+  std::atomic<bool> done{false};
+  std::thread poller([&] {
+    while (!done.load()) {
+      const auto s = locus::memory_stats<locus::cpu>();
+      (void)s;
+      locus::reset_peak_memory_stats<locus::cpu>();
+      std::this_thread::yield();
+    }
+  });
+  constexpr int world = 4;
+  std::vector<std::vector<std::int64_t>> labels(world);
+  std::vector<int> bad_rows(world, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      locus::data::loader<locus::cpu, counting_source> l(
+          src, {.batch_size = 5, .shuffle = true, .seed = 11, .rank = r, .world_size = world, .prefetch = 2});
+      for (std::uint64_t e = 0; e < 2; ++e) {
+        l.set_epoch(e);
+        labels[static_cast<std::size_t>(r)].clear();
+        for (auto& [x, y] : l)
+          for (locus::index_t k = 0; k < y.extent(0); ++k) {
+            if (x(k, 7) != static_cast<float>(y(k))) ++bad_rows[static_cast<std::size_t>(r)];
+            labels[static_cast<std::size_t>(r)].push_back(y(k));
+          }
+      }
+    });
+  for (auto& t : ranks) t.join();
+  done = true;
+  poller.join();
+  std::vector<std::int64_t> all;
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(bad_rows[static_cast<std::size_t>(r)] == 0);
+    all.insert(all.end(), labels[static_cast<std::size_t>(r)].begin(), labels[static_cast<std::size_t>(r)].end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<std::int64_t> expect(203);
+  std::iota(expect.begin(), expect.end(), 0);
+  CHECK(all == expect);
+  CHECK(locus::memory_stats<locus::cpu>().allocated_bytes == base);
+
+  // Stopped (by begin() and by the destructor) while load() is running.
+  struct slow_source : counting_source {
+    std::int64_t load(locus::index_t i, std::span<float> x) const {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      return counting_source::load(i, x);
+    }
+  };
+  slow_source slow{{.n = 40, .f = 4}};
+  for (int round = 0; round < 3; ++round) {
+    locus::data::loader<locus::cpu, slow_source> l(slow, {.batch_size = 4, .prefetch = 2});
+    auto it = l.begin();
+    CHECK(it->y(0) == 0);
+    ++it;
+    CHECK(it->y(0) == 4);
+    if (round == 1) {
+      auto again = l.begin();  // stops the running epoch, starts a new one
+      CHECK(again->y(0) == 0);
+    }
+  }
+  CHECK(locus::memory_stats<locus::cpu>().allocated_bytes == base);
+}
+
 TEST_CASE("loader over an idx_dataset yields x/255 rows and labels") {
   std::vector<std::uint8_t> px(5 * 2 * 3);
   for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<std::uint8_t>(255 - i * 8);

@@ -2,6 +2,8 @@
 // thread-safety of the statistics.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -68,6 +70,43 @@ TEST_CASE_TEMPLATE("allocators are safe to use from several threads", D, LOCUS_T
   for (auto& th : threads) th.join();
   CHECK(locus::memory_stats<D>().allocated_bytes == before);
   CHECK(locus::memory_stats<locus::cpu>().allocated_bytes == before_cpu);
+}
+
+TEST_CASE_TEMPLATE("statistics, peak resets and limits are safe while other threads allocate", D,
+                   LOCUS_TEST_DEVICES) {
+  // Concurrency coverage for ThreadSanitizer: one thread reads the statistics (in
+  // bursts, so that reads fall between the allocating threads' updates), resets the
+  // peak and sets the limit, while three threads allocate until it has done so often.
+  const auto before = locus::memory_stats<D>().allocated_bytes;
+  std::atomic<bool> done{false};
+  std::atomic<int> rounds{0}, inconsistent{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      for (int k = 0; k < 16; ++k) {
+        const auto s = locus::memory_stats<D>();
+        if (s.reserved_bytes < s.allocated_bytes || s.peak_allocated_bytes < s.allocated_bytes) ++inconsistent;
+      }
+      locus::reset_peak_memory_stats<D>();
+      locus::set_memory_limit<D>(std::numeric_limits<std::size_t>::max());
+      ++rounds;
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200 || (rounds.load() < 50 && i < 200000); ++i) {
+        auto a = locus::full<float, D>({32 + i % 200}, static_cast<float>(i));
+        if (a(0) != static_cast<float>(i) || a(31 + i % 200) != static_cast<float>(i)) ++inconsistent;
+      }
+    });
+  for (auto& th : threads) th.join();
+  done = true;
+  reader.join();
+  CHECK(rounds.load() >= 1);
+  CHECK(inconsistent.load() == 0);
+  CHECK(locus::memory_stats<D>().allocated_bytes == before);
+  CHECK(locus::memory_stats<D>().limit_bytes == std::numeric_limits<std::size_t>::max());
 }
 
 #if LOCUS_HAS_CUDA  // the pinned device exists only in builds with CUDA

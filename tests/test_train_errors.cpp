@@ -140,3 +140,219 @@ TEST_CASE("io: a safetensors shape whose byte count overflows is corrupt, not a 
   }
   std::filesystem::remove(path);
 }
+
+namespace {
+/// A safetensors file by hand: the 8-byte little-endian header length, the header, the data.
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + data;
+}
+std::string f32_bytes(std::initializer_list<float> v) {
+  std::string s;
+  for (float x : v) s.append(reinterpret_cast<const char*>(&x), sizeof x);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("checkpoints: a grad scaler state that is no scale and counts is an io_error and changes nothing") {
+  // Found by tests/fuzz/fuzz_safetensors.cpp: skipped = 2.7e23 went through a float to
+  // int64 conversion (undefined behaviour) in grad_scaler::load_state_dict.
+  using F16 = locus::amp::fp16_mixed;
+  nn::sequential model(nn::linear<locus::cpu, F16>(2, 1));
+  model.reset_parameters(6);
+  locus::optim::sgd<locus::cpu> opt(model.parameters());
+  locus::amp::grad_scaler<locus::cpu> scaler({.init_scale = 256.0f});
+  locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler);
+  const std::string header =
+      R"({"0.bias":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+      R"("0.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[4,12]},)"
+      R"("optimizer.step":{"dtype":"I64","shape":[1],"data_offsets":[12,20]},)"
+      R"("scaler.state":{"dtype":"F32","shape":[3],"data_offsets":[20,32]}})";
+  const std::string params = f32_bytes({0.5f, 1.0f, 2.0f}) + std::string(8, '\0');
+  const auto path = temp_file("scaler.safetensors");
+  const auto before = masters(model);
+  for (const auto& [state, what] :
+       {std::pair{f32_bytes({128.0f, 1.0f, 2.7205e23f}), "e+23"}, std::pair{f32_bytes({128.0f, 1.0f, -1.0f}), "-1"},
+        std::pair{f32_bytes({0.0f, 1.0f, 0.0f}), "[0, 1, 0]"},
+        std::pair{f32_bytes({128.0f, std::numeric_limits<float>::quiet_NaN(), 0.0f}), "nan"}}) {
+    const std::string case_text = what;  // a named copy: clang 14 cannot capture a structured binding
+    CAPTURE(case_text);
+    spit(path, safetensors_bytes(header, params + state));
+    try {
+      locus::train::resume(path, t);
+      FAIL("no error for scaler state " << what);
+    } catch (const locus::io_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("'scaler.state'") != std::string::npos);
+      CHECK(m.find(what) != std::string::npos);
+      CHECK(m.find(path.string()) != std::string::npos);
+    }
+    CHECK(masters(model) == before);
+    CHECK(scaler.scale() == 256.0f);
+    CHECK(scaler.skipped_steps() == 0);
+  }
+  spit(path, safetensors_bytes(header, params + f32_bytes({128.0f, 1.0f, 3.0f})));
+  CHECK(locus::train::resume(path, t) == 0);  // the same file with a sound state loads
+  CHECK(scaler.scale() == 128.0f);
+  CHECK(scaler.skipped_steps() == 3);
+  const auto& store = std::as_const(model.parameters());
+  CHECK(store.master_flat(0)(0) == 1.0f);  // 0.weight
+  CHECK(store.master_flat(0)(1) == 2.0f);
+  CHECK(store.master_flat(1)(0) == 0.5f);  // 0.bias
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("io: a safetensors extent or offset that is not a non-negative integer is corrupt") {
+  // nlohmann's get<int64_t>() of 1e30 converts a double out of range (undefined
+  // behaviour); 2^63 as an unsigned number would wrap to a negative extent.
+  const auto path = temp_file("integers.safetensors");
+  for (const auto& [header, what] : {
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[1e30],"data_offsets":[0,4]}})"), "extent 1e+30"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})"), "extent 1.0"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,4]}})"),
+                     "extent too large"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})"), "negative extent (-1)"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":1,"data_offsets":[0,4]}})"), "shape 1, expected"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-1e300,4]}})"), "data offset -1e+300"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})"), "negative data offset"},
+           std::pair{std::string(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})"), "expected [begin, end]"},
+       }) {
+    const std::string case_text = header;  // a named copy: clang 14 cannot capture a structured binding
+    CAPTURE(case_text);
+    spit(path, safetensors_bytes(header, f32_bytes({1.0f, 2.0f})));
+    try {
+      (void)locus::io::load<locus::cpu>(path);
+      FAIL("no error");
+    } catch (const locus::io_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find(what) != std::string::npos);
+      CHECK(m.find(path.string()) != std::string::npos);
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("io: safetensors tensors that share bytes are corrupt, not one copy each") {
+  // 300 tensors spanning the same 3000 bytes (a 21 kB file) made a 900 kB buffer; a
+  // 1 MB file of this kind asked for gigabytes.
+  std::string header = "{";
+  for (int i = 0; i < 300; ++i) {
+    if (i) header += ',';
+    header += "\"w" + std::to_string(i);
+    header += R"(":{"dtype":"U8","shape":[3000],"data_offsets":[0,3000]})";
+  }
+  header += "}";
+  const auto path = temp_file("overlap.safetensors");
+  spit(path, safetensors_bytes(header, std::string(3000, '\x01')));
+  try {
+    (void)locus::io::load<locus::cpu>(path);
+    FAIL("no error for tensors sharing bytes");
+  } catch (const locus::io_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("overlap") != std::string::npos);
+    CHECK(m.find("[0, 3000)") != std::string::npos);
+    CHECK(m.find(path.string()) != std::string::npos);
+  }
+  // Adjacent and empty tensors are fine.
+  spit(path, safetensors_bytes(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                               R"("b":{"dtype":"U8","shape":[0],"data_offsets":[1,1]},)"
+                               R"("c":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
+                               "\x01\x02\x03\x04"));
+  const auto a = locus::io::load<locus::cpu>(path);
+  CHECK(a.get<std::uint8_t, 1>("c")(1) == 4);
+  CHECK(a.get<std::uint8_t, 1>("b").numel() == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("checkpoints: a step count or counter outside [0, 2^62] is an io_error and changes nothing") {
+  // optimizer.step = INT64_MAX loaded, and the next step's ++ overflowed (undefined
+  // behaviour in update_begin_kernel); micro_steps = INT64_MAX likewise in the trainer.
+  nn::sequential model(nn::linear<locus::cpu, P32>(2, 1));
+  model.reset_parameters(7);
+  locus::optim::sgd<locus::cpu> opt(model.parameters());
+  locus::train::trainer t(model, opt, nn::cross_entropy{});
+  auto i64_bytes = [](std::int64_t v) { return std::string(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto file = [&](const std::string& meta, std::int64_t step) {
+    return safetensors_bytes(R"({"__metadata__":{)" + meta + R"(},)"
+                             R"("0.bias":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("0.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[4,12]},)"
+                             R"("optimizer.step":{"dtype":"I64","shape":[1],"data_offsets":[12,20]}})",
+                             f32_bytes({0.5f, 1.0f, 2.0f}) + i64_bytes(step));
+  };
+  const auto path = temp_file("counts.safetensors");
+  const auto before = masters(model);
+  for (const auto& [bytes, what] : {
+           std::pair{file(R"("epoch":"1")", std::numeric_limits<std::int64_t>::max()),
+                     "'optimizer.step' is 9223372036854775807"},
+           std::pair{file(R"("epoch":"1")", -1), "'optimizer.step' is -1"},
+           std::pair{file(R"("micro_steps":"9223372036854775807")", 3), "'micro_steps' is 9223372036854775807"},
+           std::pair{file(R"("epoch":"-3")", 3), "'epoch' is -3"},
+       }) {
+    const std::string case_text = what;  // a named copy: clang 14 cannot capture a structured binding
+    CAPTURE(case_text);
+    spit(path, bytes);
+    try {
+      locus::train::resume(path, t);
+      FAIL("no error");
+    } catch (const locus::io_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find(what) != std::string::npos);
+      CHECK(m.find("[0, 2^62]") != std::string::npos);
+      CHECK(m.find(path.string()) != std::string::npos);
+    }
+    CHECK(masters(model) == before);
+    CHECK(opt.steps() == 0);
+    CHECK(t.micro_steps() == 0);
+  }
+  spit(path, file(R"("epoch":"1","micro_steps":"4")", 4));
+  CHECK(locus::train::resume(path, t) == 1);
+  CHECK(opt.steps() == 4);
+  CHECK(t.micro_steps() == 4);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("checkpoints: a learning rate a float cannot hold, or a negative one, is an io_error and changes nothing") {
+  // The update kernels take the rate as a float: lr = 1e300 in the metadata would step
+  // every weight by inf on the next update.
+  nn::sequential model(nn::linear<locus::cpu, P32>(4, 2));
+  model.reset_parameters(3);
+  locus::optim::adamw<locus::cpu> opt(model.parameters());
+  locus::train::trainer t(model, opt, nn::cross_entropy{});
+  auto x = locus::rand<float, locus::cpu>({8, 4}, 3);
+  auto y = locus::zeros<std::int64_t, locus::cpu>({8});
+  t.step(x, y);
+  const auto path = temp_file("lr.safetensors");
+  locus::train::save_checkpoint(path, t, 1);
+  const std::string saved = slurp(path);
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(saved[static_cast<std::size_t>(i)])) << (8 * i);
+  const auto header = nlohmann::json::parse(saved.substr(8, n));
+  const std::string data = saved.substr(8 + n);
+  t.step(x, y);
+  const auto before = masters(model);
+  const double lr_before = opt.lr();
+  for (const auto& [key, value] : {std::pair{"lr", "1e300"}, std::pair{"base_lr", "-0.5"}, std::pair{"lr", "1e39"}}) {
+    const std::string case_text = std::string(key) + " = " + value;
+    CAPTURE(case_text);
+    auto h = header;
+    h["__metadata__"][key] = value;
+    spit(path, safetensors_bytes(h.dump(), data));
+    try {
+      locus::train::resume(path, t);
+      FAIL("no error for " << case_text);
+    } catch (const locus::io_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("'" + std::string(key) + "'") != std::string::npos);
+      CHECK(m.find("expected a learning rate") != std::string::npos);
+    }
+    CHECK(masters(model) == before);
+    CHECK(opt.lr() == lr_before);
+  }
+  auto h = header;
+  h["__metadata__"]["lr"] = "3.0e38";  // large, but a float holds it
+  spit(path, safetensors_bytes(h.dump(), data));
+  CHECK(locus::train::resume(path, t) == 1);
+  CHECK(opt.lr() == 3.0e38);
+  std::filesystem::remove(path);
+}

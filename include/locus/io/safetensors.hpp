@@ -20,6 +20,7 @@
 #error "locus: locus/io/safetensors.hpp needs nlohmann-json, but LOCUS_HAS_JSON is not 1: install nlohmann-json3-dev and link locus::locus (CMake finds it as locus::json), or define LOCUS_HAS_JSON=1 with <nlohmann/json.hpp> on the include path"
 #endif
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -271,20 +272,44 @@ archive<D> load(const std::filesystem::path& path) {
       e.dtype = v.at("dtype").get<std::string>();
       const std::size_t es = detail::st_dtype_size(e.dtype);
       if (es == 0) throw io_error("locus: '" + a.path_ + "': tensor '" + it.key() + "' has unknown dtype " + e.dtype);
+      // Integers only: nlohmann's get<int64_t>() of 1e30 is a float conversion out of
+      // range (undefined behaviour), and of 2^63 a wrap to a negative number.
+      auto integer = [&](const nlohmann::json& j, const char* what) -> std::uint64_t {
+        if (j.is_number_unsigned()) return j.get<std::uint64_t>();
+        if (j.is_number_integer()) {
+          const auto x = j.get<std::int64_t>();
+          if (x < 0)
+            throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has a negative " + what +
+                           " (" + std::to_string(x) + ")");
+          return static_cast<std::uint64_t>(x);
+        }
+        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has " + what + " " + j.dump() +
+                       ", expected a non-negative integer");
+      };
+      const auto& shape = v.at("shape");
+      if (!shape.is_array())
+        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has shape " + shape.dump() +
+                       ", expected an array of extents");
       std::uint64_t count = 1;
-      for (const auto& d : v.at("shape")) {
-        const auto x = d.get<std::int64_t>();
-        if (x < 0) throw io_error("locus: '" + a.path_ + "': tensor '" + it.key() + "' has a negative extent");
-        e.shape.push_back(x);
+      for (const auto& d : shape) {
+        const std::uint64_t x = integer(d, "extent");
+        if (x > static_cast<std::uint64_t>(std::numeric_limits<index_t>::max()))
+          throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has an extent too large " +
+                         "for any file (" + std::to_string(x) + ")");
+        e.shape.push_back(static_cast<index_t>(x));
         // count * es is compared with the data section's size below: an overflow here
         // would let a corrupt shape pass with a small product.
-        if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / es) / static_cast<std::uint64_t>(x))
+        if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / es) / x)
           throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has a shape too large " +
                          "for any file");
-        count *= static_cast<std::uint64_t>(x);
+        count *= x;
       }
-      const auto begin = v.at("data_offsets").at(0).get<std::uint64_t>();
-      const auto end = v.at("data_offsets").at(1).get<std::uint64_t>();
+      const auto& offsets = v.at("data_offsets");
+      if (!offsets.is_array() || offsets.size() != 2)
+        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has data_offsets " +
+                       offsets.dump() + ", expected [begin, end]");
+      const std::uint64_t begin = integer(offsets[0], "data offset");
+      const std::uint64_t end = integer(offsets[1], "data offset");
       if (begin > end || end > data_size)
         throw io_error("locus: '" + a.path_ + "' is truncated or corrupt: tensor '" + it.key() + "' spans bytes [" +
                        std::to_string(begin) + ", " + std::to_string(end) + ") of a " + std::to_string(data_size) +
@@ -301,6 +326,21 @@ archive<D> load(const std::filesystem::path& path) {
     }
   } catch (const nlohmann::json::exception& e) {
     throw io_error("locus: '" + a.path_ + "' is corrupt: " + std::string(e.what()));
+  }
+  // Tensors may not share bytes (the safetensors format forbids it): without this, a
+  // small file of many tensors spanning the same bytes would make the buffer below
+  // (one copy per tensor) as large as (tensors x data section).
+  {
+    std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, const std::string*>> order;
+    for (const auto& [name, span] : spans)
+      if (span.second > span.first) order.push_back({span, &name});
+    std::sort(order.begin(), order.end());
+    for (std::size_t i = 1; i < order.size(); ++i)
+      if (order[i].first.first < order[i - 1].first.second)
+        throw io_error("locus: '" + a.path_ + "' is corrupt: tensors '" + *order[i - 1].second + "' (bytes [" +
+                       std::to_string(order[i - 1].first.first) + ", " + std::to_string(order[i - 1].first.second) +
+                       ")) and '" + *order[i].second + "' (bytes [" + std::to_string(order[i].first.first) + ", " +
+                       std::to_string(order[i].first.second) + ")) overlap");
   }
   std::vector<unsigned char> raw(static_cast<std::size_t>(data_size));
   if (data_size && std::fread(raw.data(), 1, raw.size(), f) != raw.size())

@@ -19,12 +19,15 @@
 // mismatched tensor with both shapes.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../io/safetensors.hpp"
@@ -64,7 +67,36 @@ T meta_number(const std::map<std::string, std::string>& m, const std::string& k,
   if (used == 0 || used != it->second.size())
     throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + it->second +
                    "', not a number");
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(v))
+      throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + it->second +
+                     "', not a finite number");
   return v;
+}
+
+/// The largest step or epoch count a checkpoint may hold: far beyond any run, and far
+/// enough from INT64_MAX that counting on cannot overflow.
+inline constexpr std::int64_t max_count = std::int64_t{1} << 62;
+
+/// A counter from __metadata__ (0 when absent): a whole number in [0, max_count].
+inline std::int64_t meta_count(const std::map<std::string, std::string>& m, const std::string& k, const std::string& path) {
+  const auto v = meta_number<std::int64_t>(m, k, 0, path);
+  if (v < 0 || v > max_count)
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is " + std::to_string(v) +
+                   ", expected a count in [0, 2^62]");
+  return v;
+}
+
+/// The grad scaler's [scale, growth_tracker, skipped] as saved: a positive finite
+/// scale and whole, non-negative counts that fit their types. Anything else is a
+/// corrupt file (and skipped would not convert to an integer).
+inline void check_scaler_state(const tensor<float, cpu, 1>& s, const std::string& path) {
+  const float scale = s(0), tracker = s(1), skipped = s(2);
+  auto whole = [](float x, float limit) { return std::isfinite(x) && x >= 0.0f && x < limit && std::floor(x) == x; };
+  if (!(std::isfinite(scale) && scale > 0.0f) || !whole(tracker, 2147483648.0f) || !whole(skipped, 9223372036854775808.0f))
+    throw io_error("locus: checkpoint '" + path + "' is corrupt: tensor 'scaler.state' is [" + exact(scale) + ", " +
+                   exact(tracker) + ", " + exact(skipped) +
+                   "], expected [scale > 0, growth tracker >= 0, skipped steps >= 0] (finite, the counts whole)");
 }
 }  // namespace detail
 
@@ -144,11 +176,17 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   });
   const double base_lr = detail::meta_number<double>(meta, "base_lr", t.base_lr(), path);
   const double lr = detail::meta_number<double>(meta, "lr", t.optimizer().lr(), path);
-  const std::int64_t epoch = detail::meta_number<std::int64_t>(meta, "epoch", 0, path);
-  const std::int64_t micro_steps = detail::meta_number<std::int64_t>(meta, "micro_steps", 0, path);
-  const std::int64_t optimizer_steps = detail::meta_number<std::int64_t>(meta, "optimizer_steps", 0, path);
+  // The update kernels take the rate as a float: 1e300 would step by inf.
+  for (const auto& [key, v] : {std::pair{"base_lr", base_lr}, std::pair{"lr", lr}})
+    if (!(v >= 0.0 && v <= static_cast<double>(std::numeric_limits<float>::max())))
+      throw io_error("locus: checkpoint '" + path + "' is corrupt: __metadata__ '" + key + "' is " +
+                     std::to_string(v) + ", expected a learning rate in [0, FLT_MAX]");
+  const std::int64_t epoch = detail::meta_count(meta, "epoch", path);
+  const std::int64_t micro_steps = detail::meta_count(meta, "micro_steps", path);
+  const std::int64_t optimizer_steps = detail::meta_count(meta, "optimizer_steps", path);
 
-  // Everything the trainer needs must be there before anything is overwritten.
+  // Everything the trainer needs must be there, of the dtype and shape it was saved
+  // with, before anything is overwritten: a failed load leaves the trainer as it was.
   std::string missing;
   t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1>) {
     for (const auto& e : entries) {
@@ -162,6 +200,26 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   if (!missing.empty())
     throw io_error("locus: checkpoint '" + a.path() + "' lacks the state this trainer needs:" + missing +
                    " (saved with another optimizer or without a grad scaler?)");
+  auto expect = [&](const std::string& key, const char* dtype, const std::vector<index_t>& shape) {
+    const io::tensor_info& f = a.info(key);
+    if (f.dtype != dtype || f.shape != shape)
+      throw io_error("locus: checkpoint '" + a.path() + "' is corrupt: tensor '" + key + "' is " + f.dtype + " " +
+                     f.shape_string() + ", expected " + dtype + " " + io::detail::shape_text(shape));
+  };
+  for (const auto& e : entries) expect(e.name, io::detail::st_dtype<M>(), e.shape);
+  t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1>) {
+    for (const auto& e : entries) expect(std::string("optimizer.") + name + "." + e.name, "F32", e.shape);
+  });
+  expect("optimizer.step", "I64", {1});
+  if (const std::int64_t k = to<cpu>(a.template get<std::int64_t, 1>("optimizer.step"))(0); k < 0 || k > detail::max_count)
+    throw io_error("locus: checkpoint '" + a.path() + "' is corrupt: tensor 'optimizer.step' is " + std::to_string(k) +
+                   ", expected a count in [0, 2^62]");
+  [[maybe_unused]] tensor<float, cpu, 1> scaler_state;
+  if constexpr (Trainer::has_scaler) {
+    expect("scaler.state", "F32", {3});
+    scaler_state = to<cpu>(a.template get<float, 1>("scaler.state"));
+    detail::check_scaler_state(scaler_state, a.path());
+  }
 
   for (std::size_t i = 0; i < entries.size(); ++i) copy(a.template flat<M>(entries[i].name), store.master_flat(i));
   t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
@@ -170,7 +228,7 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
            tensor_view<float, D, 1>(flat.data_handle() + e.offset, extents<1>{e.numel}));
   });
   copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
-  if constexpr (Trainer::has_scaler) t.scaler()->load_state_dict(to<cpu>(a.template get<float, 1>("scaler.state")).view());
+  if constexpr (Trainer::has_scaler) t.scaler()->load_state_dict(std::as_const(scaler_state).view());
   t.optimizer().after_load();  // the compute copy of the weights
 
   model.for_each_layer([&](std::size_t i, auto& layer) {

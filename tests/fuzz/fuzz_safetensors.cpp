@@ -1,0 +1,293 @@
+// libFuzzer target for the safetensors reader (include/locus/io/safetensors.hpp) and the
+// checkpoint loader on top of it (include/locus/train/checkpoint.hpp).
+//
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -DLOCUS_ENABLE_CUDA=0 \
+//           -DLOCUS_HAS_JSON=1 -Iinclude tests/fuzz/fuzz_safetensors.cpp -o fuzz_safetensors
+//   LOCUS_FUZZ_SEED_DIR=corpus ./fuzz_safetensors -max_total_time=60 -rss_limit_mb=2048 corpus/
+//
+// With LOCUS_FUZZ_SEED_DIR set, start-up writes valid files into that directory first
+// (checkpoints of the two trainers below, and a file of every dtype and rank), so the
+// fuzzer starts from well-formed JSON headers.
+//
+// Each input goes through a file (an in-memory memfd, read by io::load<cpu>). The only
+// acceptable failure of io::load is locus::io_error. On success the tensors' bytes must
+// add up to at most the data section (no two share bytes), every tensor must lie inside
+// the archive's buffer and be readable through get<T, R> and flat<T> (touched byte by
+// byte, so ASan sees any read past the end), and a mismatching dtype or rank must be an
+// io_error. The archive is then loaded into two small trainers (fp32 +
+// AdamW + dropout; fp16_mixed + SGD with momentum + grad scaler) with
+// train::load_checkpoint:
+//   * shape_error is the documented answer exactly when the file's parameters differ
+//     from the model's (a parameter missing, of another shape, or one the model lacks):
+//     the checkpoint was saved from another model, the file itself may be fine. The
+//     fuzzer checks that independently and both ways.
+//   * anything else wrong (optimizer or scaler state of the wrong dtype, size or value,
+//     bad metadata) is a corrupt file: io_error.
+//   * a failed load changes nothing in the trainer (weights, optimizer state and step,
+//     scaler state, counters, lr, dropout counters), compared byte for byte.
+//   * after a successful load the weights are the file's, and one more training step
+//     runs (a non-finite gradient is allowed: any float weights are accepted).
+// Any other exception, a crash or a sanitizer report is a finding.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <locus/train.hpp>
+
+namespace {
+
+namespace nn = locus::nn;
+using locus::index_t;
+
+// ---- the archive ---------------------------------------------------------------------
+
+volatile unsigned sink = 0;
+
+template <class T, std::size_t R>
+void touch_view(const locus::tensor_view<const T, locus::cpu, R>& v, const locus::io::tensor_info& e) {
+  if (static_cast<std::size_t>(v.numel()) * sizeof(T) != e.bytes) std::abort();
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data_handle());
+  unsigned s = 0;
+  for (std::size_t i = 0; i < e.bytes; ++i) s += p[i];
+  sink = sink + s;
+}
+
+template <class T>
+void check_typed(const locus::io::archive<locus::cpu>& a, const std::string& name, const locus::io::tensor_info& e) {
+  const auto f = a.flat<T>(name);
+  touch_view<T, 1>(f, e);
+  auto ranked = [&]<std::size_t R>() {
+    try {
+      const auto v = a.get<T, R>(name);
+      if (e.shape.size() != R) std::abort();  // a rank mismatch must throw
+      for (std::size_t i = 0; i < R; ++i)
+        if (v.shape()[i] != e.shape[i]) std::abort();
+      touch_view<T, R>(v, e);
+    } catch (const locus::io_error&) {
+      if (e.shape.size() == R) std::abort();  // the right dtype and rank must load
+    }
+  };
+  ranked.template operator()<1>();
+  ranked.template operator()<2>();
+  ranked.template operator()<3>();
+  ranked.template operator()<4>();
+}
+
+void check_archive(const locus::io::archive<locus::cpu>& a, std::uint64_t data_section) {
+  // Tensors do not share bytes: together they fit in the data section (a file of many
+  // tensors spanning the same bytes must not make the reader's buffer grow with their
+  // number).
+  std::uint64_t sum = 0;
+  for (const auto& [name, e] : a.entries()) sum += e.bytes;
+  if (sum > data_section) std::abort();
+  for (const auto& [name, e] : a.entries()) {
+    const auto& d = e.dtype;
+    if (d == "F32") check_typed<float>(a, name, e);
+    else if (d == "F64") check_typed<double>(a, name, e);
+    else if (d == "I32") check_typed<std::int32_t>(a, name, e);
+    else if (d == "I64") check_typed<std::int64_t>(a, name, e);
+    else if (d == "U8") check_typed<std::uint8_t>(a, name, e);
+    else if (d == "BOOL") check_typed<bool>(a, name, e);
+    else if (d == "F16") check_typed<locus::f16>(a, name, e);
+    else if (d == "BF16") check_typed<locus::bf16>(a, name, e);
+    // Another dtype than stored is an io_error.
+    try {
+      (void)(d == "I64" ? a.flat<std::int32_t>(name).numel() : a.flat<std::int64_t>(name).numel());
+      std::abort();
+    } catch (const locus::io_error&) {
+    }
+  }
+  try {
+    (void)a.info("no such tensor \x01");
+    std::abort();
+  } catch (const locus::io_error&) {
+  }
+}
+
+// ---- the trainers ----------------------------------------------------------------------
+
+using P32 = locus::amp::fp32;
+using F16 = locus::amp::fp16_mixed;
+
+auto model32() {
+  nn::sequential m(nn::linear<locus::cpu, P32>(3, 4), nn::relu<locus::cpu, P32>(), nn::dropout<locus::cpu, P32>(0.25f, 7),
+                   nn::linear<locus::cpu, P32>(4, 2));
+  m.reset_parameters(1);
+  return m;
+}
+auto model16() {
+  nn::sequential m(nn::linear<locus::cpu, F16>(3, 2));
+  m.reset_parameters(2);
+  return m;
+}
+
+template <class T>
+void append(std::vector<unsigned char>& out, const T* p, std::size_t n) {
+  const auto* c = reinterpret_cast<const unsigned char*>(p);
+  out.insert(out.end(), c, c + n * sizeof(T));
+}
+
+/// Everything a checkpoint load may change, as bytes.
+template <class Trainer>
+std::vector<unsigned char> state_of(Trainer& t) {
+  std::vector<unsigned char> s;
+  const auto m = std::as_const(t.model().parameters()).master();
+  append(s, m.data_handle(), static_cast<std::size_t>(m.numel()));
+  t.optimizer().for_each_state([&](const char*, locus::tensor_view<float, locus::cpu, 1> v) {
+    append(s, v.data_handle(), static_cast<std::size_t>(v.numel()));
+  });
+  const auto st = t.optimizer().step_tensor();
+  append(s, st.data_handle(), static_cast<std::size_t>(st.numel()));
+  if constexpr (Trainer::has_scaler) {
+    const auto sd = t.scaler()->state_dict();
+    append(s, sd.data_handle(), 3);
+  }
+  const std::int64_t c[3] = {t.micro_steps(), t.optimizer_steps(), t.epochs_done()};
+  append(s, c, 3);
+  const double l[2] = {t.base_lr(), t.optimizer().lr()};
+  append(s, l, 2);
+  t.model().for_each_layer([&](std::size_t, auto& layer) {
+    if constexpr (requires { layer.counter(); }) {
+      const std::uint64_t k = layer.counter();
+      append(s, &k, 1);
+    }
+  });
+  return s;
+}
+
+/// Does the file's set of parameters differ from the model's? (the shape_error case)
+template <class Trainer>
+bool other_model(const locus::io::archive<locus::cpu>& a, Trainer& t) {
+  const auto& entries = t.model().parameters().entries();
+  for (const auto& e : entries)
+    if (!a.contains(e.name) || a.info(e.name).shape != e.shape) return true;
+  for (const auto& [name, f] : a.entries()) {
+    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
+    bool known = false;
+    for (const auto& e : entries) known = known || e.name == name;
+    if (!known) return true;
+  }
+  return false;
+}
+
+template <class Trainer>
+void check_load(const locus::io::archive<locus::cpu>& a, Trainer& t) {
+  const bool mismatch = other_model(a, t);
+  const auto before = state_of(t);
+  try {
+    (void)locus::train::load_checkpoint(a, t);
+    if (mismatch) std::abort();  // another model's checkpoint loaded
+    // The weights are the file's.
+    const auto& entries = t.model().parameters().entries();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto f = a.flat<float>(entries[i].name);
+      const auto m = std::as_const(t.model().parameters()).master_flat(i);
+      if (f.numel() != m.numel() || std::memcmp(f.data_handle(), m.data_handle(), f.size_bytes()) != 0) std::abort();
+    }
+    // What was accepted must be a state training can go on from: one more step (the
+    // counters, step count and scale advance). Weights of any float value are accepted,
+    // so a non-finite gradient is a fair answer.
+    static const auto x = locus::rand<float, locus::cpu>({4, 3}, 12);
+    static const auto y = locus::zeros<std::int64_t, locus::cpu>({4});
+    try {
+      t.step(x, y);
+      (void)t.report();
+    } catch (const locus::train::non_finite_error&) {
+    }
+    return;
+  } catch (const locus::shape_error&) {
+    if (!mismatch) std::abort();  // the model fits: a bad file is an io_error
+  } catch (const locus::io_error&) {
+    if (mismatch) std::abort();  // another model's shape is reported as such
+  }
+  if (state_of(t) != before) std::abort();  // a failed load changed the trainer
+}
+
+struct trainers {
+  decltype(model32()) m32 = model32();
+  locus::optim::adamw<locus::cpu> adamw{m32.parameters(), {.lr = 1e-3}};
+  locus::train::trainer<decltype(m32), decltype(adamw), nn::cross_entropy> t32{m32, adamw, nn::cross_entropy{}};
+
+  decltype(model16()) m16 = model16();
+  locus::optim::sgd<locus::cpu> sgd{m16.parameters(), {.lr = 0.1, .momentum = 0.9}};
+  locus::amp::grad_scaler<locus::cpu> scaler{{.init_scale = 256.0f, .growth_interval = 2}};
+  locus::train::trainer<decltype(m16), decltype(sgd), nn::cross_entropy, locus::amp::grad_scaler<locus::cpu>> t16{
+      m16, sgd, nn::cross_entropy{}, scaler};
+
+  /// A few steps, so the state is not all zeros.
+  void warm_up() {
+    auto x = locus::rand<float, locus::cpu>({4, 3}, 11);
+    auto y = locus::zeros<std::int64_t, locus::cpu>({4});
+    y(1) = 1;
+    y(3) = 1;
+    for (int i = 0; i < 3; ++i) {
+      t32.step(x, y);
+      t16.step(x, y);
+    }
+  }
+};
+
+// ---- seeds -----------------------------------------------------------------------------
+
+void write_seeds(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  trainers t;
+  t.warm_up();
+  locus::train::save_checkpoint(dir / "seed-fp32-adamw.safetensors", t.t32, 3);
+  locus::train::save_checkpoint(dir / "seed-fp16-sgd-scaler.safetensors", t.t16, 1);
+
+  locus::io::writer w;
+  w.add("f32", locus::arange<float, locus::cpu>(6).reshape({2, 3}));
+  w.add("f64", locus::full<double, locus::cpu>({2, 1, 2}, 1.5));
+  w.add("i32", locus::full<std::int32_t, locus::cpu>({3}, -7));
+  w.add("i64", locus::full<std::int64_t, locus::cpu>({1, 1, 1, 2}, 1 << 20));
+  w.add("u8", locus::full<std::uint8_t, locus::cpu>({5}, std::uint8_t{200}));
+  w.add("bool", locus::full<bool, locus::cpu>({2, 2}, true));
+  w.add("f16", locus::full<locus::f16, locus::cpu>({3}, locus::f16(0.5f)));
+  w.add("bf16", locus::full<locus::bf16, locus::cpu>({1, 3}, locus::bf16(-2.0f)));
+  w.add("empty", locus::zeros<float, locus::cpu>({0, 4}));
+  w.metadata("epoch", "2");
+  w.metadata("note", "seed");
+  w.save(dir / "seed-dtypes.safetensors");
+
+  locus::io::writer empty;
+  empty.save(dir / "seed-empty.safetensors");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (const char* dir = std::getenv("LOCUS_FUZZ_SEED_DIR"); dir && *dir) write_seeds(dir);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const int fd = memfd_create("fuzz_safetensors", 0);
+  if (fd < 0) return 0;
+  if (ftruncate(fd, 0) != 0) return 0;
+  if (size && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) return 0;
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+
+  std::optional<locus::io::archive<locus::cpu>> a;
+  try {
+    a.emplace(locus::io::load<locus::cpu>(path));
+  } catch (const locus::io_error&) {
+    return 0;
+  }
+  std::uint64_t n = 0;  // the header's length (load checked that it fits)
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(data[i]) << (8 * i);
+  check_archive(*a, size - 8 - n);
+
+  trainers t;  // fresh each time: a successful load changes them
+  check_load(*a, t.t32);
+  check_load(*a, t.t16);
+  return 0;
+}
