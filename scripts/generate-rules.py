@@ -16,6 +16,14 @@ DEVICES = ["cpu", "pinned", "cuda"]
 
 RULES = []
 
+def article(name):
+    """'an f32', 'an i64', 'a u8', 'a bf16', 'a bool': as the names are read aloud."""
+    return "an" if name[0] in "fi" else "a"
+
+def spell(name):
+    """How a dtype is written in user code (the message's suggestion must compile)."""
+    return name if name == "bool" else f"locus::{name}"
+
 def dtype_rule(name, msg, fallback, comment):
     pairs = []
     for ta, na in DTYPES:
@@ -54,11 +62,23 @@ def device_rule(name, params, msg, fallback, comment):
     RULES.append("\n".join(text))
 
 dtype_rule("require_same_operand_dtype",
-           lambda a, b: f"locus: operands have different dtypes ({a} and {b}); convert one explicitly with locus::cast<{b}>(x) or locus::cast<{a}>(y)",
+           lambda a, b: f"locus: operands have different dtypes ({a} and {b}); convert one explicitly with locus::cast<{spell(b)}>(x) or locus::cast<{spell(a)}>(y)",
            "locus: operands have different dtypes; convert one with locus::cast<T>(x)",
            "Prevents: silent promotion or reinterpretation when two dtypes meet in one operation.")
+dtype_rule("require_assign_dtype",
+           lambda a, b: f"locus: cannot assign {article(a)} {a} expression to {article(b)} {b} tensor; dtypes never convert silently: write dst = locus::cast<{spell(b)}>(e)",
+           "locus: cannot assign an expression of another dtype; convert it with locus::cast<T>(e)",
+           "Prevents: a silent conversion when an expression is written into a tensor of another dtype (A: source, B: destination).")
+dtype_rule("require_matmul_dtype",
+           lambda a, b: f"locus: matmul operands have different dtypes ({a} and {b}); convert one into a tensor first: locus::eval(locus::cast<{spell(b)}>(a)) or locus::eval(locus::cast<{spell(a)}>(b))",
+           "locus: matmul operands have different dtypes; convert one with locus::eval(locus::cast<T>(x))",
+           "Prevents: a GEMM over operands of different dtypes (A: left, B: right).")
+dtype_rule("require_bias_dtype",
+           lambda a, b: f"locus: linear's bias is {a} but its output is {b}; the bias is added in the output dtype: pass a {b} bias, e.g. locus::eval(locus::cast<{spell(b)}>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))",
+           "locus: linear's bias must have the output dtype",
+           "Prevents: a bias added in another dtype than the output's (A: bias, B: output).")
 dtype_rule("require_same_copy_dtype",
-           lambda a, b: f"locus: copy between different dtypes ({a} to {b}); copy moves bytes and never converts: write locus::copy(locus::cast<{b}>(src), dst) instead",
+           lambda a, b: f"locus: copy between different dtypes ({a} to {b}); copy moves bytes and never converts: write dst = locus::cast<{spell(b)}>(src) on one device, or locus::copy(locus::eval(locus::cast<{spell(b)}>(src)), dst)",
            "locus: copy between different dtypes; cast first with locus::cast<T>(src)",
            "Prevents: a byte copy between buffers whose elements mean different things.")
 rank_rule("require_same_copy_rank",
@@ -70,11 +90,11 @@ rank_rule("require_assign_rank",
           "locus: destination and source ranks differ; reshape one side",
           "Prevents: assigning a value of another rank (A: destination, B: source).")
 device_rule("require_same_operand_device", ("A", "B"),
-            lambda a, b: f"locus: operands live on different devices ({a} and {b}); transfers are explicit: move one with locus::to<locus::{a}>(x) or locus::to<locus::{b}>(y)",
+            lambda a, b: f"locus: operands live on different devices ({a} and {b}); transfers are explicit: move one with locus::to<locus::{a}>(x) or locus::to<locus::{b}>(y) (an expression: locus::eval it first)",
             "locus: operands live on different devices; move one with locus::to<D>(x)",
             "Prevents: 'Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu'.")
 device_rule("require_assign_device", ("S", "T"),
-            lambda s, t: f"locus: cannot assign a {s} tensor or expression to a {t} tensor; transfers are explicit: write locus::to<locus::{t}>(x), or evaluate on {s} first and then locus::copy(src, dst)",
+            lambda s, t: f"locus: cannot assign a {s} tensor or expression to a {t} tensor; transfers are explicit: write locus::to<locus::{t}>(x) (an expression: locus::to<locus::{t}>(locus::eval(e)), evaluated on {s}), or locus::copy(src, dst)",
             "locus: cannot assign across devices; write locus::to<D>(x)",
             "Prevents: a device transfer (and its synchronisation) hidden in an assignment (S: source, T: destination).")
 

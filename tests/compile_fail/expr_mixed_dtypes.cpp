@@ -1,4 +1,4 @@
-// expect: error: .*locus: operands have different dtypes .f32 and bf16.; convert one explicitly with locus::cast<bf16>
+// expect: error: .*locus: operands have different dtypes .f32 and bf16.; convert one explicitly with locus::cast<locus::bf16>
 // Rule: an operation on f32 and bf16 operands does not compile; cast<T> converts.
 #include <locus/locus.hpp>
 

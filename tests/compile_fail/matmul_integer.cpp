@@ -1,4 +1,4 @@
-// expect: error: .*locus: matmul needs a floating dtype .f32, f64, f16 or bf16.; convert integer operands first with locus::cast<float>\(x\)
+// expect: error: .*locus: matmul needs a floating dtype .f32, f64, f16 or bf16.; convert integer operands into a tensor first: locus::eval\(locus::cast<float>\(x\)\)
 // Rule: integer GEMMs (which overflow silently) and bool products do not compile.
 #include <locus/ops/matmul.hpp>
 

@@ -1,7 +1,7 @@
-// expect: error: .*locus: a precision policy needs `compute`, `master` and `requires_loss_scaling`, but this type lacks at least one of them
-// Rule: a precision policy names its compute dtype, its master dtype and whether it
-// needs loss scaling; a policy missing one is reported once, not once per member that
-// uses it.
+// expect: error: .*locus: a precision policy needs `compute`, `master`, `requires_loss_scaling` and `name`, but this type lacks at least one of them
+// Rule: a precision policy names its compute dtype, its master dtype, whether it
+// needs loss scaling and its name (checkpoints record it); a policy missing one is
+// reported once, not once per member that uses it.
 #include <locus/nn/layers.hpp>
 
 #include <string_view>

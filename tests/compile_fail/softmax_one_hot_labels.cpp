@@ -1,4 +1,4 @@
-// expect: error: .*locus: one_hot needs integer labels .i64, i32 or u8., but got a floating or bool dtype; convert first: locus::cast<std::int64_t>.labels.
+// expect: error: .*locus: one_hot needs integer labels .i64, i32 or u8., but got a floating or bool dtype; convert first: locus::one_hot\(locus::eval\(locus::cast<std::int64_t>\(labels\)\), classes\)
 // Rule: labels are integers; a floating-point label is never truncated silently.
 #include <locus/locus.hpp>
 

@@ -54,6 +54,7 @@ concept precision_policy = requires {
   typename P::compute;
   typename P::master;
   { P::requires_loss_scaling } -> std::convertible_to<bool>;
+  { P::name } -> std::convertible_to<std::string_view>;  // checkpoints record it
 };
 
 }  // namespace locus::amp
@@ -66,9 +67,9 @@ template <class P>
 constexpr bool check_policy() {
   if constexpr (!amp::precision_policy<P>) {
     static_assert(always_false<P>,
-                  "locus: a precision policy needs `compute`, `master` and "
-                  "`requires_loss_scaling`, but this type lacks at least one of them; use "
-                  "locus::amp::fp32, bf16_mixed or fp16_mixed, or declare all three");
+                  "locus: a precision policy needs `compute`, `master`, "
+                  "`requires_loss_scaling` and `name`, but this type lacks at least one of them; "
+                  "use locus::amp::fp32, bf16_mixed or fp16_mixed, or declare all four");
     return false;
   } else if constexpr (is_half_v<typename P::master>) {
     static_assert(always_false<P>,

@@ -89,8 +89,8 @@ class out_of_memory : public error {
       m += ")";
     }
     m += ". Try a smaller batch size, gradient accumulation over several micro-batches, "
-         "bf16/f16 compute, or free tensors you no longer need (the cache was already "
-         "emptied and the allocation retried once).";
+         "bf16/f16 compute, or free tensors you no longer need";
+    m += cause == "memory limit" ? " (or raise the limit: locus::set_memory_limit<D>(bytes))." : ".";
     return m;
   }
 

@@ -20,175 +20,718 @@ constexpr bool require_same_operand_dtype() {
   if constexpr (std::is_same_v<A, B>) {
     return true;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<f32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f32 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::f32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<f64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f64 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::f64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<i32>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i32 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::i32>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<i64>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (i64 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::i64>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<u8>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (u8 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::u8>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bool and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<bool>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bool and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<bool>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and bf16); convert one explicitly with locus::cast<bf16>(x) or locus::cast<f16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (f16 and bf16); convert one explicitly with locus::cast<locus::bf16>(x) or locus::cast<locus::f16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f32); convert one explicitly with locus::cast<f32>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f32); convert one explicitly with locus::cast<locus::f32>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f64); convert one explicitly with locus::cast<f64>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f64); convert one explicitly with locus::cast<locus::f64>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and i32); convert one explicitly with locus::cast<i32>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and i32); convert one explicitly with locus::cast<locus::i32>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and i64); convert one explicitly with locus::cast<i64>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and i64); convert one explicitly with locus::cast<locus::i64>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and u8); convert one explicitly with locus::cast<u8>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and u8); convert one explicitly with locus::cast<locus::u8>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and bool); convert one explicitly with locus::cast<bool>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f16); convert one explicitly with locus::cast<f16>(x) or locus::cast<bf16>(y)");
+    static_assert(always_false<A>, "locus: operands have different dtypes (bf16 and f16); convert one explicitly with locus::cast<locus::f16>(x) or locus::cast<locus::bf16>(y)");
     return false;
   } else {
     static_assert(always_false<A>, "locus: operands have different dtypes; convert one with locus::cast<T>(x)");
+    return false;
+  }
+}
+
+// Prevents: a silent conversion when an expression is written into a tensor of another dtype (A: source, B: destination).
+template <class A0, class B0>
+constexpr bool require_assign_dtype() {
+  using A = std::remove_cv_t<A0>;
+  using B = std::remove_cv_t<B0>;
+  if constexpr (std::is_same_v<A, B>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign an f32 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign an f64 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign an i32 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign an i64 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign a u8 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign a bool expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: cannot assign an f16 expression to a bf16 tensor; dtypes never convert silently: write dst = locus::cast<locus::bf16>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to an f32 tensor; dtypes never convert silently: write dst = locus::cast<locus::f32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to an f64 tensor; dtypes never convert silently: write dst = locus::cast<locus::f64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to an i32 tensor; dtypes never convert silently: write dst = locus::cast<locus::i32>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to an i64 tensor; dtypes never convert silently: write dst = locus::cast<locus::i64>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to a u8 tensor; dtypes never convert silently: write dst = locus::cast<locus::u8>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to a bool tensor; dtypes never convert silently: write dst = locus::cast<bool>(e)");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: cannot assign a bf16 expression to an f16 tensor; dtypes never convert silently: write dst = locus::cast<locus::f16>(e)");
+    return false;
+  } else {
+    static_assert(always_false<A>, "locus: cannot assign an expression of another dtype; convert it with locus::cast<T>(e)");
+    return false;
+  }
+}
+
+// Prevents: a GEMM over operands of different dtypes (A: left, B: right).
+template <class A0, class B0>
+constexpr bool require_matmul_dtype() {
+  using A = std::remove_cv_t<A0>;
+  using B = std::remove_cv_t<B0>;
+  if constexpr (std::is_same_v<A, B>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f32 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::f32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f64 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::f64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i32 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::i32>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (i64 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::i64>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (u8 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::u8>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bool and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<bool>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (f16 and bf16); convert one into a tensor first: locus::eval(locus::cast<locus::bf16>(a)) or locus::eval(locus::cast<locus::f16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and f32); convert one into a tensor first: locus::eval(locus::cast<locus::f32>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and f64); convert one into a tensor first: locus::eval(locus::cast<locus::f64>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and i32); convert one into a tensor first: locus::eval(locus::cast<locus::i32>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and i64); convert one into a tensor first: locus::eval(locus::cast<locus::i64>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and u8); convert one into a tensor first: locus::eval(locus::cast<locus::u8>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and bool); convert one into a tensor first: locus::eval(locus::cast<bool>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes (bf16 and f16); convert one into a tensor first: locus::eval(locus::cast<locus::f16>(a)) or locus::eval(locus::cast<locus::bf16>(b))");
+    return false;
+  } else {
+    static_assert(always_false<A>, "locus: matmul operands have different dtypes; convert one with locus::eval(locus::cast<T>(x))");
+    return false;
+  }
+}
+
+// Prevents: a bias added in another dtype than the output's (A: bias, B: output).
+template <class A0, class B0>
+constexpr bool require_bias_dtype() {
+  using A = std::remove_cv_t<A0>;
+  using B = std::remove_cv_t<B0>;
+  if constexpr (std::is_same_v<A, B>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is f32 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is f64 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is i32 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is i64 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is u8 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is bool but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: linear's bias is f16 but its output is bf16; the bias is added in the output dtype: pass a bf16 bias, e.g. locus::eval(locus::cast<locus::bf16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is f32; the bias is added in the output dtype: pass a f32 bias, e.g. locus::eval(locus::cast<locus::f32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is f64; the bias is added in the output dtype: pass a f64 bias, e.g. locus::eval(locus::cast<locus::f64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is i32; the bias is added in the output dtype: pass a i32 bias, e.g. locus::eval(locus::cast<locus::i32>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is i64; the bias is added in the output dtype: pass a i64 bias, e.g. locus::eval(locus::cast<locus::i64>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is u8; the bias is added in the output dtype: pass a u8 bias, e.g. locus::eval(locus::cast<locus::u8>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is bool; the bias is added in the output dtype: pass a bool bias, e.g. locus::eval(locus::cast<bool>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: linear's bias is bf16 but its output is f16; the bias is added in the output dtype: pass a f16 bias, e.g. locus::eval(locus::cast<locus::f16>(bias)) (f16 or bf16 inputs with an f32 bias: locus::linear<float>(x, w, bias))");
+    return false;
+  } else {
+    static_assert(always_false<A>, "locus: linear's bias must have the output dtype");
     return false;
   }
 }
@@ -201,172 +744,172 @@ constexpr bool require_same_copy_dtype() {
   if constexpr (std::is_same_v<A, B>) {
     return true;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f32 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f64 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i32 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (i64 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (u8 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bool to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bool to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to bf16); copy moves bytes and never converts: write locus::copy(locus::cast<bf16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (f16 to bf16); copy moves bytes and never converts: write dst = locus::cast<locus::bf16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::bf16>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f32); copy moves bytes and never converts: write locus::copy(locus::cast<f32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f32); copy moves bytes and never converts: write dst = locus::cast<locus::f32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f64); copy moves bytes and never converts: write locus::copy(locus::cast<f64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f64); copy moves bytes and never converts: write dst = locus::cast<locus::f64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to i32); copy moves bytes and never converts: write locus::copy(locus::cast<i32>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to i32); copy moves bytes and never converts: write dst = locus::cast<locus::i32>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i32>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to i64); copy moves bytes and never converts: write locus::copy(locus::cast<i64>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to i64); copy moves bytes and never converts: write dst = locus::cast<locus::i64>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::i64>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to u8); copy moves bytes and never converts: write locus::copy(locus::cast<u8>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to u8); copy moves bytes and never converts: write dst = locus::cast<locus::u8>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::u8>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to bool); copy moves bytes and never converts: write locus::copy(locus::cast<bool>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to bool); copy moves bytes and never converts: write dst = locus::cast<bool>(src) on one device, or locus::copy(locus::eval(locus::cast<bool>(src)), dst)");
     return false;
   } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
-    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f16); copy moves bytes and never converts: write locus::copy(locus::cast<f16>(src), dst) instead");
+    static_assert(always_false<A>, "locus: copy between different dtypes (bf16 to f16); copy moves bytes and never converts: write dst = locus::cast<locus::f16>(src) on one device, or locus::copy(locus::eval(locus::cast<locus::f16>(src)), dst)");
     return false;
   } else {
     static_assert(always_false<A>, "locus: copy between different dtypes; cast first with locus::cast<T>(src)");
@@ -834,22 +1377,22 @@ constexpr bool require_same_operand_device() {
   if constexpr (std::is_same_v<A, B>) {
     return true;
   } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<B, pinned>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (cpu and pinned); transfers are explicit: move one with locus::to<locus::cpu>(x) or locus::to<locus::pinned>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (cpu and pinned); transfers are explicit: move one with locus::to<locus::cpu>(x) or locus::to<locus::pinned>(y) (an expression: locus::eval it first)");
     return false;
   } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<B, cuda>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (cpu and cuda); transfers are explicit: move one with locus::to<locus::cpu>(x) or locus::to<locus::cuda>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (cpu and cuda); transfers are explicit: move one with locus::to<locus::cpu>(x) or locus::to<locus::cuda>(y) (an expression: locus::eval it first)");
     return false;
   } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<B, cpu>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (pinned and cpu); transfers are explicit: move one with locus::to<locus::pinned>(x) or locus::to<locus::cpu>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (pinned and cpu); transfers are explicit: move one with locus::to<locus::pinned>(x) or locus::to<locus::cpu>(y) (an expression: locus::eval it first)");
     return false;
   } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<B, cuda>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (pinned and cuda); transfers are explicit: move one with locus::to<locus::pinned>(x) or locus::to<locus::cuda>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (pinned and cuda); transfers are explicit: move one with locus::to<locus::pinned>(x) or locus::to<locus::cuda>(y) (an expression: locus::eval it first)");
     return false;
   } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<B, cpu>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (cuda and cpu); transfers are explicit: move one with locus::to<locus::cuda>(x) or locus::to<locus::cpu>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (cuda and cpu); transfers are explicit: move one with locus::to<locus::cuda>(x) or locus::to<locus::cpu>(y) (an expression: locus::eval it first)");
     return false;
   } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<B, pinned>) {
-    static_assert(always_false<A>, "locus: operands live on different devices (cuda and pinned); transfers are explicit: move one with locus::to<locus::cuda>(x) or locus::to<locus::pinned>(y)");
+    static_assert(always_false<A>, "locus: operands live on different devices (cuda and pinned); transfers are explicit: move one with locus::to<locus::cuda>(x) or locus::to<locus::pinned>(y) (an expression: locus::eval it first)");
     return false;
   } else {
     static_assert(always_false<A>, "locus: operands live on different devices; move one with locus::to<D>(x)");
@@ -863,22 +1406,22 @@ constexpr bool require_assign_device() {
   if constexpr (std::is_same_v<S, T>) {
     return true;
   } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<T, pinned>) {
-    static_assert(always_false<S>, "locus: cannot assign a cpu tensor or expression to a pinned tensor; transfers are explicit: write locus::to<locus::pinned>(x), or evaluate on cpu first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a cpu tensor or expression to a pinned tensor; transfers are explicit: write locus::to<locus::pinned>(x) (an expression: locus::to<locus::pinned>(locus::eval(e)), evaluated on cpu), or locus::copy(src, dst)");
     return false;
   } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<T, cuda>) {
-    static_assert(always_false<S>, "locus: cannot assign a cpu tensor or expression to a cuda tensor; transfers are explicit: write locus::to<locus::cuda>(x), or evaluate on cpu first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a cpu tensor or expression to a cuda tensor; transfers are explicit: write locus::to<locus::cuda>(x) (an expression: locus::to<locus::cuda>(locus::eval(e)), evaluated on cpu), or locus::copy(src, dst)");
     return false;
   } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<T, cpu>) {
-    static_assert(always_false<S>, "locus: cannot assign a pinned tensor or expression to a cpu tensor; transfers are explicit: write locus::to<locus::cpu>(x), or evaluate on pinned first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a pinned tensor or expression to a cpu tensor; transfers are explicit: write locus::to<locus::cpu>(x) (an expression: locus::to<locus::cpu>(locus::eval(e)), evaluated on pinned), or locus::copy(src, dst)");
     return false;
   } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<T, cuda>) {
-    static_assert(always_false<S>, "locus: cannot assign a pinned tensor or expression to a cuda tensor; transfers are explicit: write locus::to<locus::cuda>(x), or evaluate on pinned first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a pinned tensor or expression to a cuda tensor; transfers are explicit: write locus::to<locus::cuda>(x) (an expression: locus::to<locus::cuda>(locus::eval(e)), evaluated on pinned), or locus::copy(src, dst)");
     return false;
   } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<T, cpu>) {
-    static_assert(always_false<S>, "locus: cannot assign a cuda tensor or expression to a cpu tensor; transfers are explicit: write locus::to<locus::cpu>(x), or evaluate on cuda first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a cuda tensor or expression to a cpu tensor; transfers are explicit: write locus::to<locus::cpu>(x) (an expression: locus::to<locus::cpu>(locus::eval(e)), evaluated on cuda), or locus::copy(src, dst)");
     return false;
   } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<T, pinned>) {
-    static_assert(always_false<S>, "locus: cannot assign a cuda tensor or expression to a pinned tensor; transfers are explicit: write locus::to<locus::pinned>(x), or evaluate on cuda first and then locus::copy(src, dst)");
+    static_assert(always_false<S>, "locus: cannot assign a cuda tensor or expression to a pinned tensor; transfers are explicit: write locus::to<locus::pinned>(x) (an expression: locus::to<locus::pinned>(locus::eval(e)), evaluated on cuda), or locus::copy(src, dst)");
     return false;
   } else {
     static_assert(always_false<S>, "locus: cannot assign across devices; write locus::to<D>(x)");

@@ -88,7 +88,7 @@ template <class T>
 constexpr bool require_idx_dtype() {
   static_assert(idx_code<T> != 0 || always_false<T>,
                 "locus: IDX files hold u8, i8, i16, i32, f32 or f64 elements, and locus reads "
-                "u8, i32, f32 and f64; read the file as one of those (e.g. read_idx<locus::u8, R>) "
+                "u8, i32, f32 and f64; read the file as one of those (e.g. locus::data::read_idx<locus::u8, R>) "
                 "and convert with locus::cast<T>");
   return idx_code<T> != 0;
 }

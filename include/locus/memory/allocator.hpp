@@ -158,7 +158,8 @@ class caching_allocator {
       p = resource_.raw_allocate(size);
       if (!p)
         throw out_of_memory(device_name, size, reserved_ - cached_, reserved_, limit_,
-                            "the device has no free memory left");
+                            "the device has no free memory left, with the cache emptied and the "
+                            "allocation retried once");
     }
     reserved_ += size;
     live_[p] = k;

@@ -483,7 +483,8 @@ void evaluate_into(const tensor_view<T, D, RO>& dst, const E& e) {
     static_assert(always_false<E>,
                   "locus: the expression has a higher rank than the destination; assigning through "
                   "a view (and +=, -=, *=, /=) broadcasts the source up to the destination's rank, "
-                  "never down: reshape the source (x.reshape({n})) or reduce it (locus::sum(x, axis))");
+                  "never down: reshape the source (x.reshape({n}); an expression: locus::eval(x) first) or "
+                  "reduce it (locus::sum(x, axis))");
   } else {
     evaluate_into_checked(dst, e);
   }
@@ -496,7 +497,7 @@ constexpr bool check_expr_assign() {
     return false;  // the operation that produced it already reported the error
   } else if constexpr (!require_assign_device<typename E::device, D>()) {
     return false;
-  } else if constexpr (!require_same_operand_dtype<typename E::value_type, T>()) {
+  } else if constexpr (!require_assign_dtype<typename E::value_type, T>()) {
     return false;
   } else if constexpr (SameRank) {
     return require_assign_rank<R, E::rank>();

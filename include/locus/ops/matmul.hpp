@@ -2,7 +2,8 @@
 // rank-3 batches ([B, M, K] x [B, K, N]); transpose(x) is a view with the last two
 // axes swapped (no copy), accepted by every GEMM without a copy either; linear(x, w,
 // b, act) is the fused layer y = act(x w^T + b) with PyTorch's weight layout, and
-// linear_into / matmul_into write into an existing destination (no allocation).
+// linear_into / matmul_into write into an existing destination (no allocation for f32/f64
+// operands BLAS or cuBLASLt takes as they are; see matmul_into).
 //
 // The public functions check the type rules (same device, same dtype, ranks that can
 // multiply, a floating dtype) and the shapes (shape_error naming both, destination
@@ -90,73 +91,73 @@ constexpr bool require_matmul_ranks() {
   if constexpr ((RA == 2 && RB == 2) || (RA == 3 && RB == 3)) {
     return true;
   } else if constexpr (RA == 0 && RB == 0) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 0 && RB == 1) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 0 && RB == 2) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 0 && RB == 3) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 0 && RB == 4) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 0 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 1 && RB == 0) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 1 && RB == 1) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 1 && RB == 2) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 1 && RB == 3) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 1 && RB == 4) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 1 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 2 && RB == 0) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 2 && RB == 1) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 2 && RB == 3) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 2 && RB == 4) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 2 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 3 && RB == 0) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 3 && RB == 1) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 3 && RB == 2) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 3 && RB == 4) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 3 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 4 && RB == 0) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 0; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 4 && RB == 1) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 1; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 4 && RB == 2) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 2; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 4 && RB == 3) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 3; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else if constexpr (RA == 4 && RB == 4) {
-    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}), a matrix x as x.reshape({1, M, K})");
+    static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]), but got ranks 4 and 4; reshape first, e.g. a vector v of length K as v.reshape({1, K}) or v.reshape({K, 1}); for [B, M, K] x [K, N] flatten the batch: x.reshape({B * M, K}) (batches do not broadcast)");
     return false;
   } else {
     static_assert(always_false_v<RA>, "locus: matmul needs two rank-2 operands ([M, K] x [K, N]) or two rank-3 operands ([B, M, K] x [B, K, N]); reshape the operands first");
@@ -169,7 +170,7 @@ template <class T>
 constexpr bool require_matmul_floating() {
   static_assert(dtype_traits<std::remove_cv_t<T>>::is_floating,
                 "locus: matmul needs a floating dtype (f32, f64, f16 or bf16); convert integer "
-                "operands first with locus::cast<float>(x)");
+                "operands into a tensor first: locus::eval(locus::cast<float>(x))");
   return dtype_traits<std::remove_cv_t<T>>::is_floating;
 }
 
@@ -206,7 +207,7 @@ constexpr bool check_matmul() {
     using T = typename ta::value_type;
     if constexpr (!require_same_operand_device<typename ta::device, typename tb::device>()) {
       return false;
-    } else if constexpr (!require_same_operand_dtype<T, typename tb::value_type>()) {
+    } else if constexpr (!require_matmul_dtype<T, typename tb::value_type>()) {
       return false;
     } else if constexpr (!require_matmul_ranks<ta::rank, tb::rank>()) {
       return false;
@@ -240,7 +241,7 @@ constexpr bool check_linear() {
       return false;
     } else if constexpr (!require_same_operand_device<typename tx::device, typename tbias::device>()) {
       return false;
-    } else if constexpr (!require_same_operand_dtype<T, typename tw::value_type>()) {
+    } else if constexpr (!require_matmul_dtype<T, typename tw::value_type>()) {
       return false;
     } else if constexpr (tx::rank != 2) {
       static_assert(always_false<X>,
@@ -263,7 +264,7 @@ constexpr bool check_linear() {
       return false;
     } else if constexpr (HasBias) {
       // The bias is added in the output's dtype (as cuBLASLt's epilogue does).
-      return require_same_operand_dtype<typename tbias::value_type, O>();
+      return require_bias_dtype<typename tbias::value_type, O>();
     } else {
       return true;
     }

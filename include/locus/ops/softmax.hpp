@@ -96,7 +96,7 @@ auto softmax_impl(const X& x, std::size_t axis) {
   if constexpr (R < 1) {
     static_assert(always_false<X>,
                   "locus: softmax needs rank >= 1 (it normalises along an axis), but got a rank-0 "
-                  "value; give it an axis first: x.reshape({1})");
+                  "value; give it an axis first: x.reshape({1}) (an expression: locus::eval(x) first)");
     return 0;
   } else if constexpr (!dtype_traits<T>::is_floating) {
     static_assert(always_false<X>,
@@ -166,7 +166,7 @@ auto one_hot(const L& labels, index_t classes) {
   constexpr std::size_t R = tr::rank;
   static_assert(std::is_integral_v<LT> && !std::is_same_v<LT, bool>,
                 "locus: one_hot needs integer labels (i64, i32 or u8), but got a floating or bool "
-                "dtype; convert first: locus::cast<std::int64_t>(labels)");
+                "dtype; convert first: locus::one_hot(locus::eval(locus::cast<std::int64_t>(labels)), classes)");
   if (classes <= 0) throw shape_error("locus: one_hot needs classes > 0, got " + std::to_string(classes));
   const auto lv = detail::as_view_const(labels);
   extents<R + 1> shape{};

@@ -53,24 +53,31 @@ constexpr bool require_floating_dtype() {
 template <class V>
 concept Scalar = std::is_arithmetic_v<V> || is_half_v<V>;
 
+/// The factories take any T and D, so that a wrong one is reported by tensor's own
+/// static_assert (a locus: message) rather than as a list of candidates; their bodies
+/// run only for valid ones, so that message comes alone.
+template <class T, class D>
+inline constexpr bool factory_args_ok = Dtype<T> && is_device_v<D>;
+
 }  // namespace detail
 
 /// Uninitialised tensor of the given shape.
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> empty(const extents<R>& shape) {
   return tensor<T, D, R>(shape);
 }
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> empty(const index_t (&shape)[R]) {
   return tensor<T, D, R>(detail::to_extents(shape));
 }
 
 /// All-zero tensor (a memset: no kernel, so it works in host-compiled files on cuda).
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> zeros(const extents<R>& shape) {
   tensor<T, D, R> t(shape);
   if (t.size_bytes() == 0) return t;
-  if constexpr (D::host_accessible) {
+  if constexpr (!detail::factory_args_ok<T, D>) {
+  } else if constexpr (D::host_accessible) {
     std::memset(static_cast<void*>(t.data_handle()), 0, t.size_bytes());
   } else {
 #if LOCUS_HAS_CUDA
@@ -79,34 +86,37 @@ tensor<T, D, R> zeros(const extents<R>& shape) {
   }
   return t;
 }
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> zeros(const index_t (&shape)[R]) {
   return zeros<T, D>(detail::to_extents(shape));
 }
 
 /// Tensor with every element equal to value (converted to T).
-template <Dtype T, Device D, std::size_t R, detail::Scalar V>
+template <class T, class D, std::size_t R, class V>
 tensor<T, D, R> full(const extents<R>& shape, V value) {
+  static_assert(detail::Scalar<V>, "locus: full() fills with a number (an arithmetic type, f16 or bf16), "
+                                   "but the value given is of another type; pass e.g. 1.5f or locus::bf16(1.5f)");
   tensor<T, D, R> t(shape);
-  detail::launch_n<D>(t.numel(), detail::fill_value<T>{t.data_handle(), detail::scalar_cast<T>(value)});
+  if constexpr (detail::factory_args_ok<T, D> && detail::Scalar<V>)
+    detail::launch_n<D>(t.numel(), detail::fill_value<T>{t.data_handle(), detail::scalar_cast<T>(value)});
   return t;
 }
-template <Dtype T, Device D, std::size_t R, detail::Scalar V>
+template <class T, class D, std::size_t R, class V>
 tensor<T, D, R> full(const index_t (&shape)[R], V value) {
   return full<T, D>(detail::to_extents(shape), value);
 }
 
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> ones(const extents<R>& shape) {
   return full<T, D>(shape, 1);
 }
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> ones(const index_t (&shape)[R]) {
   return full<T, D>(detail::to_extents(shape), 1);
 }
 
 /// [start, start + step, ...) up to but excluding stop, as a rank-1 tensor.
-template <Dtype T, Device D>
+template <class T, class D>
 tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
   if (step == 0.0 || !(step - step == 0.0))
     throw shape_error("locus: arange step must be finite and non-zero");
@@ -116,11 +126,12 @@ tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
                       std::to_string(step) + ") has no finite element count");
   const index_t n = span > 0 ? static_cast<index_t>(std::ceil(span)) : 0;
   tensor<T, D, 1> t(extents<1>{n});
-  detail::launch_n<D>(n, detail::arange_fill<T>{t.data_handle(), start, step});
+  if constexpr (detail::factory_args_ok<T, D>)
+    detail::launch_n<D>(n, detail::arange_fill<T>{t.data_handle(), start, step});
   return t;
 }
 /// 0, 1, ..., n-1; n < 0 is a shape_error (as a negative extent is).
-template <Dtype T, Device D>
+template <class T, class D>
 tensor<T, D, 1> arange(index_t n) {
   if (n < 0) throw shape_error("locus: arange(n) needs n >= 0, got " + std::to_string(n));
   return arange<T, D>(0.0, static_cast<double>(n), 1.0);
@@ -128,28 +139,28 @@ tensor<T, D, 1> arange(index_t n) {
 
 /// Uniform values in [lo, hi). Element i depends only on (seed, i): the same seed
 /// gives the same tensor on every device.
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> rand(const extents<R>& shape, std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
   tensor<T, D, R> t(shape);
-  if constexpr (detail::require_floating_dtype<T>())
+  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>())
     detail::launch_n<D>(t.numel(), detail::uniform_fill<T>{t.data_handle(), seed, lo, hi});
   return t;
 }
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> rand(const index_t (&shape)[R], std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
   return rand<T, D>(detail::to_extents(shape), seed, lo, hi);
 }
 
 /// Normal values N(mean, stddev^2); element i depends only on (seed, i).
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> randn(const extents<R>& shape, std::uint64_t seed, double mean = 0.0,
                       double stddev = 1.0) {
   tensor<T, D, R> t(shape);
-  if constexpr (detail::require_floating_dtype<T>())
+  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>())
     detail::launch_n<D>(t.numel(), detail::normal_fill<T>{t.data_handle(), seed, mean, stddev});
   return t;
 }
-template <Dtype T, Device D, std::size_t R>
+template <class T, class D, std::size_t R>
 tensor<T, D, R> randn(const index_t (&shape)[R], std::uint64_t seed, double mean = 0.0,
                       double stddev = 1.0) {
   return randn<T, D>(detail::to_extents(shape), seed, mean, stddev);
@@ -157,7 +168,7 @@ tensor<T, D, R> randn(const index_t (&shape)[R], std::uint64_t seed, double mean
 
 /// A tensor on D holding a copy of host data, laid out row-major in the given shape.
 /// The data's size must equal the shape's element count (shape_error naming both).
-template <Device D, Dtype T, std::size_t R>
+template <class D, class T, std::size_t R>
 tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const extents<R>& shape) {
   using V = std::remove_cv_t<T>;
   const index_t n = detail::checked_numel(shape, sizeof(V));
@@ -166,10 +177,10 @@ tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const extents<R>&
                       " elements for shape " + detail::shape_string(shape) + " (" +
                       std::to_string(n) + " elements)");
   tensor<V, D, R> t(shape);
-  detail::copy_bytes<cpu, D>(t.data_handle(), data.data(), t.size_bytes());
+  if constexpr (detail::factory_args_ok<V, D>) detail::copy_bytes<cpu, D>(t.data_handle(), data.data(), t.size_bytes());
   return t;
 }
-template <Device D, Dtype T, std::size_t R>
+template <class D, class T, std::size_t R>
 tensor<std::remove_cv_t<T>, D, R> from_host(std::span<T> data, const index_t (&shape)[R]) {
   return from_host<D>(data, detail::to_extents(shape));
 }
@@ -180,18 +191,18 @@ template <class C>
 concept HostContainer = requires(const C& c) {
   { std::data(c) } -> std::convertible_to<const void*>;
   { std::size(c) } -> std::convertible_to<std::size_t>;
-} && Dtype<std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>>;
+};
 template <class C>
 using container_value_t = std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>;
 }  // namespace detail
 
 /// Any contiguous container (std::vector, std::array, ...).
-template <Device D, detail::HostContainer Range, std::size_t R>
+template <class D, detail::HostContainer Range, std::size_t R>
 auto from_host(const Range& data, const index_t (&shape)[R]) {
   return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
                       detail::to_extents(shape));
 }
-template <Device D, detail::HostContainer Range, std::size_t R>
+template <class D, detail::HostContainer Range, std::size_t R>
 auto from_host(const Range& data, const extents<R>& shape) {
   return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
                       shape);

@@ -86,7 +86,7 @@ template <std::size_t R2, std::size_t R>
 extents<R2> checked_reshape(const extents<R>& from, const extents<R2>& to, bool contiguous) {
   if (!contiguous)
     throw shape_error("locus: reshape of a non-contiguous view of shape " + shape_string(from) +
-                      "; clone() it first");
+                      "; clone() it first (a strided cuda view: locus::eval(v) in a .cu file)");
   const index_t n = checked_numel(to, 1);
   if (n != numel_of(from))
     throw shape_error("locus: cannot reshape " + shape_string(from) + " (" +
@@ -300,14 +300,14 @@ class tensor {
   tensor(const tensor&) {
     static_assert(detail::always_false<T>,
                   "locus: tensor is move-only, copying it would duplicate its memory; write "
-                  "t.clone() for a deep copy, std::move(t) to transfer ownership, or t.view() "
-                  "for a cheap non-owning handle");
+                  "t.clone() for a deep copy, std::move(t) to transfer ownership, or take a "
+                  "view, a cheap non-owning handle: auto v = t.view()");
   }
   tensor& operator=(const tensor&) {
     static_assert(detail::always_false<T>,
                   "locus: tensor is move-only, copying it would duplicate its memory; write "
-                  "t = u.clone() for a deep copy, std::move(u) to transfer ownership, or "
-                  "u.view() for a cheap non-owning handle");
+                  "t = u.clone() for a deep copy, std::move(u) to transfer ownership, or keep "
+                  "a view instead of a tensor: auto v = u.view()");
     return *this;
   }
 

@@ -87,7 +87,8 @@ void require_contiguous_async(const V& v, const char* side) {
   if (!v.is_contiguous())
     throw shape_error(std::string("locus: to_async and copy_async need contiguous memory, but the ") +
                       side + " is a strided view of shape " + shape_string(v.shape()) +
-                      "; clone() it into a contiguous tensor first, or copy whole rows");
+                      "; clone() it into a contiguous tensor first (a strided cuda view: evaluate it "
+                      "in a .cu file, locus::eval(v)), or copy whole rows");
 }
 
 }  // namespace detail
@@ -233,7 +234,7 @@ class pending {
     static_assert(detail::always_false<U>,
                   "locus: the destination of an asynchronous copy can only be reached "
                   "through get(), which waits for the copy; write p.get() (a reference) or "
-                  "std::move(p).get() (the tensor itself)");
+                  "std::move(p).get() (the value itself: a tensor, or for copy_async a view)");
     return const_cast<U&>(value_);
   }
   template <class U = V>
@@ -241,7 +242,7 @@ class pending {
     static_assert(detail::always_false<U>,
                   "locus: the destination of an asynchronous copy can only be reached "
                   "through get(), which waits for the copy; write p.get() (a reference) or "
-                  "std::move(p).get() (the tensor itself)");
+                  "std::move(p).get() (the value itself: a tensor, or for copy_async a view)");
     return const_cast<U&>(value_);
   }
   template <class U = V>
@@ -249,7 +250,7 @@ class pending {
     static_assert(detail::always_false<U>,
                   "locus: the destination of an asynchronous copy can only be reached "
                   "through get(), which waits for the copy; write p.get() (a reference) or "
-                  "std::move(p).get() (the tensor itself)");
+                  "std::move(p).get() (the value itself: a tensor, or for copy_async a view)");
     return nullptr;
   }
   template <class... I>
