@@ -20,6 +20,7 @@ namespace {
 
 constexpr std::int64_t features = 4;
 constexpr std::int64_t steps = 800;
+constexpr double base_lr = 3e-3;
 
 /// Inputs uniform in [-1, 1) and the target y = tanh(3 x0) exp(-x1^2) + x2 x3 / 2, both
 /// made on D: element i depends only on (seed, i), so every device gets the same data.
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
                                 locus::nn::linear<D, P>(64, 64), locus::nn::tanh<D, P>(),
                                 locus::nn::linear<D, P>(64, 1));
     model.reset_parameters(/*seed=*/7);  // PyTorch's nn.Linear initialisation, seeded
-    locus::optim::adamw<D> opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.0});
+    locus::optim::adamw<D> opt(model.parameters(), {.lr = base_lr, .weight_decay = 0.0});
     locus::nn::mse::state<D, P> loss(locus::nn::mse{});
     const locus::optim::cosine_lr schedule{.total_steps = steps, .min_lr = 1e-4};
 
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
       const auto xb = std::as_const(x_train).slice(b, b + batch);
       const auto yb = std::as_const(y_train).slice(b, b + batch);
 
-      opt.set_lr(schedule(step, 3e-3));
+      opt.set_lr(schedule(step, base_lr));
       auto out = model.forward(xb);            // saves what backward needs
       auto l = loss.forward(out, yb);          // rank-0 loss on D; its gradient in loss.grad()
       model.backward(loss.grad());             // accumulates the parameters' gradients

@@ -356,3 +356,20 @@ TEST_CASE("checkpoints: a learning rate a float cannot hold, or a negative one, 
   CHECK(opt.lr() == 3.0e38);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("grad_scaler: load_state_dict refuses a state that is no scale and counts, and keeps its own") {
+  // The rule checkpoints apply before loading lives in the scaler: a direct call with
+  // skipped = 2.7e23 would otherwise convert a float beyond int64 (undefined behaviour).
+  locus::amp::grad_scaler<locus::cpu> scaler({.init_scale = 256.0f});
+  for (const auto& bad : {std::vector<float>{128.0f, 1.0f, 2.7205e23f}, std::vector<float>{128.0f, 0.5f, 0.0f},
+                          std::vector<float>{0.0f, 1.0f, 0.0f}, std::vector<float>{128.0f, 1.0f, -1.0f}}) {
+    const auto t = locus::from_host<locus::cpu>(bad, {3});
+    CHECK_FALSE(locus::amp::grad_scaler<locus::cpu>::valid_state(t.view()));
+    CHECK_THROWS_AS(scaler.load_state_dict(t.view()), std::invalid_argument);
+    CHECK(scaler.scale() == 256.0f);
+  }
+  const auto good = locus::from_host<locus::cpu>(std::vector<float>{128.0f, 3.0f, 2.0f}, {3});
+  scaler.load_state_dict(good.view());
+  CHECK(scaler.scale() == 128.0f);
+  CHECK(scaler.skipped_steps() == 2);
+}

@@ -12,8 +12,11 @@
 // train::trainer makes these calls; its checkpoints hold the scaler's state.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "../core/error.hpp"
 #include "../core/rules_train.hpp"
@@ -94,9 +97,21 @@ class grad_scaler {
     t(2) = static_cast<float>(s.skipped);
     return t;
   }
+  /// Whether load_state_dict accepts t's values (3 of them): a positive finite scale and
+  /// whole, non-negative counts that fit their types (skipped becomes an int64).
+  static bool valid_state(const tensor_view<const float, cpu, 1>& t) {
+    auto whole = [](float x, float limit) { return std::isfinite(x) && x >= 0.0f && x < limit && std::floor(x) == x; };
+    return t.numel() == 3 && std::isfinite(t(0)) && t(0) > 0.0f && whole(t(1), 2147483648.0f) &&
+           whole(t(2), 9223372036854775808.0f);
+  }
   void load_state_dict(const tensor_view<const float, cpu, 1>& t) {
     if (t.numel() != 3)
       throw shape_error("locus: grad_scaler state has " + std::to_string(t.numel()) + " values; expected 3");
+    if (!valid_state(t))
+      throw std::invalid_argument("locus: grad_scaler state [" + std::to_string(t(0)) + ", " + std::to_string(t(1)) +
+                                  ", " + std::to_string(t(2)) +
+                                  "] is not [scale > 0, growth tracker >= 0, skipped steps >= 0] (finite, the "
+                                  "counts whole)");
     detail::step_state s{};
     s.scale = t(0);
     s.growth_tracker = t(1);

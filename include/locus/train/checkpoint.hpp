@@ -78,24 +78,26 @@ T meta_number(const std::map<std::string, std::string>& m, const std::string& k,
 /// enough from INT64_MAX that counting on cannot overflow.
 inline constexpr std::int64_t max_count = std::int64_t{1} << 62;
 
-/// A counter from __metadata__ (0 when absent): a whole number in [0, max_count].
-inline std::int64_t meta_count(const std::map<std::string, std::string>& m, const std::string& k, const std::string& path) {
-  const auto v = meta_number<std::int64_t>(m, k, 0, path);
+/// v, a counter the file calls `what`, when it is in [0, max_count]; io_error otherwise.
+inline std::int64_t checked_count(std::int64_t v, const std::string& what, const std::string& path) {
   if (v < 0 || v > max_count)
-    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is " + std::to_string(v) +
+    throw io_error("locus: '" + path + "' is corrupt: " + what + " is " + std::to_string(v) +
                    ", expected a count in [0, 2^62]");
   return v;
 }
 
-/// The grad scaler's [scale, growth_tracker, skipped] as saved: a positive finite
-/// scale and whole, non-negative counts that fit their types. Anything else is a
-/// corrupt file (and skipped would not convert to an integer).
-inline void check_scaler_state(const tensor<float, cpu, 1>& s, const std::string& path) {
-  const float scale = s(0), tracker = s(1), skipped = s(2);
-  auto whole = [](float x, float limit) { return std::isfinite(x) && x >= 0.0f && x < limit && std::floor(x) == x; };
-  if (!(std::isfinite(scale) && scale > 0.0f) || !whole(tracker, 2147483648.0f) || !whole(skipped, 9223372036854775808.0f))
-    throw io_error("locus: checkpoint '" + path + "' is corrupt: tensor 'scaler.state' is [" + exact(scale) + ", " +
-                   exact(tracker) + ", " + exact(skipped) +
+/// A counter from __metadata__ (0 when absent): a whole number in [0, max_count].
+inline std::int64_t meta_count(const std::map<std::string, std::string>& m, const std::string& k, const std::string& path) {
+  return checked_count(meta_number<std::int64_t>(m, k, 0, path), "__metadata__ '" + k + "'", path);
+}
+
+/// The grad scaler's [scale, growth_tracker, skipped] as saved, checked by the scaler's
+/// own rule before anything is loaded: anything it would refuse is a corrupt file.
+template <class Scaler>
+void check_scaler_state(const tensor<float, cpu, 1>& s, const std::string& path) {
+  if (!Scaler::valid_state(std::as_const(s).view()))
+    throw io_error("locus: checkpoint '" + path + "' is corrupt: tensor 'scaler.state' is [" + exact(s(0)) + ", " +
+                   exact(s(1)) + ", " + exact(s(2)) +
                    "], expected [scale > 0, growth tracker >= 0, skipped steps >= 0] (finite, the counts whole)");
 }
 }  // namespace detail
@@ -211,14 +213,13 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
     for (const auto& e : entries) expect(std::string("optimizer.") + name + "." + e.name, "F32", e.shape);
   });
   expect("optimizer.step", "I64", {1});
-  if (const std::int64_t k = to<cpu>(a.template get<std::int64_t, 1>("optimizer.step"))(0); k < 0 || k > detail::max_count)
-    throw io_error("locus: checkpoint '" + a.path() + "' is corrupt: tensor 'optimizer.step' is " + std::to_string(k) +
-                   ", expected a count in [0, 2^62]");
+  detail::checked_count(to<cpu>(a.template get<std::int64_t, 1>("optimizer.step"))(0), "tensor 'optimizer.step'",
+                        a.path());
   [[maybe_unused]] tensor<float, cpu, 1> scaler_state;
   if constexpr (Trainer::has_scaler) {
     expect("scaler.state", "F32", {3});
     scaler_state = to<cpu>(a.template get<float, 1>("scaler.state"));
-    detail::check_scaler_state(scaler_state, a.path());
+    detail::check_scaler_state<std::remove_pointer_t<decltype(t.scaler())>>(scaler_state, a.path());
   }
 
   for (std::size_t i = 0; i < entries.size(); ++i) copy(a.template flat<M>(entries[i].name), store.master_flat(i));

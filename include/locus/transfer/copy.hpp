@@ -143,9 +143,7 @@ auto to(const Src& src) {
 
 template <class T, class D, std::size_t R>
 tensor<T, D, R> tensor<T, D, R>::clone() const {
-  tensor out(shape_);
-  copy(*this, out);
-  return out;
+  return view().clone();
 }
 
 template <class T, class D, std::size_t R>
