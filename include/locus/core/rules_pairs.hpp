@@ -1428,4 +1428,78 @@ constexpr bool require_assign_device() {
     return false;
   }
 }
+
+// Prevents: a floating scalar silently converted to an integer or bool tensor's dtype
+// (i32 * 0.5f == 0, i32 > 10.5f comparing with 10). S: the scalar, T: the tensor's dtype.
+template <class S0, class T0>
+constexpr bool require_scalar_dtype() {
+  using S = std::remove_cvref_t<S0>;
+  using T = std::remove_cv_t<T0>;
+  if constexpr (!(std::is_floating_point_v<S> || is_half_v<S>) || dtype_traits<T>::is_floating) {
+    return true;
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<T, std::int32_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (float) with an i32 tensor would be converted to i32, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * 0.5f (into t itself: t = locus::cast<locus::i32>(locus::cast<float>(t) * 0.5f)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<T, std::int64_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (float) with an i64 tensor would be converted to i64, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * 0.5f (into t itself: t = locus::cast<locus::i64>(locus::cast<float>(t) * 0.5f)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<T, std::uint8_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (float) with a u8 tensor would be converted to u8, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * 0.5f (into t itself: t = locus::cast<locus::u8>(locus::cast<float>(t) * 0.5f)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<T, bool>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (float) with a bool tensor would be converted to bool, becoming true or false; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * 0.5f (into t itself: t = locus::cast<bool>(locus::cast<float>(t) * 0.5f)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<T, std::int32_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (double) with an i32 tensor would be converted to i32, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5 (into t itself: t = locus::cast<locus::i32>(locus::cast<double>(t) * 0.5)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<T, std::int64_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (double) with an i64 tensor would be converted to i64, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5 (into t itself: t = locus::cast<locus::i64>(locus::cast<double>(t) * 0.5)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<T, std::uint8_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (double) with a u8 tensor would be converted to u8, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5 (into t itself: t = locus::cast<locus::u8>(locus::cast<double>(t) * 0.5)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<T, bool>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (double) with a bool tensor would be converted to bool, becoming true or false; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5 (into t itself: t = locus::cast<bool>(locus::cast<double>(t) * 0.5)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, long double> && std::is_same_v<T, std::int32_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (long double) with an i32 tensor would be converted to i32, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5L (into t itself: t = locus::cast<locus::i32>(locus::cast<double>(t) * 0.5L)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, long double> && std::is_same_v<T, std::int64_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (long double) with an i64 tensor would be converted to i64, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5L (into t itself: t = locus::cast<locus::i64>(locus::cast<double>(t) * 0.5L)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, long double> && std::is_same_v<T, std::uint8_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (long double) with a u8 tensor would be converted to u8, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5L (into t itself: t = locus::cast<locus::u8>(locus::cast<double>(t) * 0.5L)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, long double> && std::is_same_v<T, bool>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (long double) with a bool tensor would be converted to bool, becoming true or false; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<double>(t) * 0.5L (into t itself: t = locus::cast<bool>(locus::cast<double>(t) * 0.5L)), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::f16> && std::is_same_v<T, std::int32_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::f16) with an i32 tensor would be converted to i32, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::f16(0.5f) (into t itself: t = locus::cast<locus::i32>(locus::cast<float>(t) * locus::f16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::f16> && std::is_same_v<T, std::int64_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::f16) with an i64 tensor would be converted to i64, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::f16(0.5f) (into t itself: t = locus::cast<locus::i64>(locus::cast<float>(t) * locus::f16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::f16> && std::is_same_v<T, std::uint8_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::f16) with a u8 tensor would be converted to u8, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::f16(0.5f) (into t itself: t = locus::cast<locus::u8>(locus::cast<float>(t) * locus::f16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::f16> && std::is_same_v<T, bool>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::f16) with a bool tensor would be converted to bool, becoming true or false; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::f16(0.5f) (into t itself: t = locus::cast<bool>(locus::cast<float>(t) * locus::f16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::bf16> && std::is_same_v<T, std::int32_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::bf16) with an i32 tensor would be converted to i32, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::bf16(0.5f) (into t itself: t = locus::cast<locus::i32>(locus::cast<float>(t) * locus::bf16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::bf16> && std::is_same_v<T, std::int64_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::bf16) with an i64 tensor would be converted to i64, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::bf16(0.5f) (into t itself: t = locus::cast<locus::i64>(locus::cast<float>(t) * locus::bf16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::bf16> && std::is_same_v<T, std::uint8_t>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::bf16) with a u8 tensor would be converted to u8, becoming a whole number; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::bf16(0.5f) (into t itself: t = locus::cast<locus::u8>(locus::cast<float>(t) * locus::bf16(0.5f))), or use an integer scalar");
+    return false;
+  } else if constexpr (std::is_same_v<S, ::locus::bf16> && std::is_same_v<T, bool>) {
+    static_assert(always_false<S>, "locus: a floating-point scalar (locus::bf16) with a bool tensor would be converted to bool, becoming true or false; dtypes never convert silently: convert the tensor explicitly, e.g. locus::cast<float>(t) * locus::bf16(0.5f) (into t itself: t = locus::cast<bool>(locus::cast<float>(t) * locus::bf16(0.5f))), or use an integer scalar");
+    return false;
+  } else {
+    static_assert(always_false<S>, "locus: a floating-point scalar with an integer or bool tensor would lose its fraction; convert the tensor with locus::cast<float>(t)");
+    return false;
+  }
+}
 }  // namespace locus::detail
