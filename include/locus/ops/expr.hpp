@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -205,6 +206,8 @@ struct leaf_expr : expression_tag {
   }
 };
 
+/// A scalar operand meeting dtype T: held in T's compute type (f32 for f16 and bf16:
+/// the scalar joins the f32 computation and is never rounded to 16 bits first).
 template <class T>
 struct scalar_expr : expression_tag {
   using value_type = T;
@@ -241,6 +244,66 @@ struct unary_expr : expression_tag {
 template <class DA, class DB>
 using common_device_t = std::conditional_t<std::is_same_v<DA, no_device>, DB, DA>;
 
+template <class T>
+[[noreturn]] void throw_division_by_zero() {
+  throw value_error(std::string("locus: integer division by zero (the ") + std::string(dtype_name<T>) +
+                    " divisor holds a 0); PyTorch raises ZeroDivisionError here too: keep zeros out of the "
+                    "divisor, e.g. a / locus::where(b == 0, 1, b), or divide in floating point: "
+                    "locus::cast<float>(a) / locus::cast<float>(b)");
+}
+
+/// Sets *flag where the divisor's evaluator is 0 at position i of the output (row-major):
+/// an atomic store (threads on the host, CUDA threads) of the same value.
+template <class Ev, std::size_t RO>
+struct zero_divisor_scan {
+  Ev ev;
+  index_array<RO> shape;
+  int* flag;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    index_t idx[RO > 0 ? RO : 1];
+    for (std::size_t k = RO; k-- > 0;) {
+      idx[k] = i % shape.v[k];
+      i /= shape.v[k];
+    }
+    if (ev.at_index(idx) == 0) {
+#if defined(__CUDA_ARCH__)
+      atomicExch(flag, 1);
+#else
+      __atomic_store_n(flag, 1, __ATOMIC_RELAXED);
+#endif
+    }
+  }
+};
+
+/// Integer division: before any kernel divides, look for a zero in the divisor over the
+/// output (a scan on the operands' device; cuda reads one flag back). PyTorch, eager,
+/// raises for any zero divisor too, so where(b != 0, a / b, 0) raises in both.
+template <class D, class T, class Ev, std::size_t RO>
+void check_divisor(const Ev& ev, const extents<RO>& out) {
+  if constexpr (std::is_same_v<Ev, scalar_eval<compute_t<T>>>) {
+    if (ev.value == compute_t<T>(0)) throw_division_by_zero<T>();
+  } else {
+    const index_t n = numel_of(out);
+    if (n == 0) return;
+    zero_divisor_scan<Ev, RO> k{ev, {}, nullptr};
+    for (std::size_t i = 0; i < RO; ++i) k.shape.v[i] = out[i];
+    int found = 0;
+    if constexpr (D::host_accessible) {
+      k.flag = &found;
+      launch_n<D>(n, k);
+    } else {
+      tensor<int, D, 0> flag{extents<0>{}};
+#if LOCUS_HAS_CUDA
+      LOCUS_CUDA_CHECK(cudaMemsetAsync(flag.data_handle(), 0, sizeof(int), current_stream()));
+#endif
+      k.flag = flag.data_handle();
+      launch_n<D>(n, k);
+      copy_bytes<D, cpu>(&found, flag.data_handle(), sizeof(int));
+    }
+    if (found) throw_division_by_zero<T>();
+  }
+}
+
 template <class Op, class A, class B, class Result>
 struct binary_expr : expression_tag {
   using value_type = Result;
@@ -258,8 +321,10 @@ struct binary_expr : expression_tag {
   bool aliases(const V& dst) const { return a.aliases(dst) || b.aliases(dst); }
   template <std::size_t RO>
   auto make_eval(const extents<RO>& out) const {
-    return binary_eval<Op, decltype(a.make_eval(out)), decltype(b.make_eval(out))>{
-        op, a.make_eval(out), b.make_eval(out)};
+    auto eb = b.make_eval(out);
+    if constexpr (std::is_same_v<Op, op::div> && !dtype_traits<typename B::value_type>::is_floating)
+      check_divisor<device, typename B::value_type>(eb, out);
+    return binary_eval<Op, decltype(a.make_eval(out)), decltype(eb)>{op, a.make_eval(out), eb};
   }
 };
 
@@ -312,7 +377,7 @@ struct cast_expr : expression_tag {
 template <class X>
 auto as_view_const(const X& x) {
   using tr = tensor_traits<std::remove_cvref_t<X>>;
-  if constexpr (tr::is_view) return tensor_view<const typename tr::value_type, typename tr::device, tr::rank>(x.data_handle(), x.shape(), x.strides());
+  if constexpr (tr::is_view) return tensor_view<const typename tr::value_type, typename tr::device, tr::rank>(raw_view_key{}, x.data_handle(), x.shape(), x.strides());
   else return x.view();
 }
 
@@ -345,6 +410,70 @@ constexpr bool operands_compatible() {
   }
 }
 
+/// The scalar s as an operand meeting dtype T, in T's compute type. Integer dtypes: the
+/// scalar must lie in T's range (value_error otherwise: 300 with a u8 tensor would wrap
+/// to 44). Floating scalars never get here for integer dtypes (require_scalar_dtype).
+template <class T, class S>
+scalar_expr<T> scalar_operand(const S& s) {
+  using C = compute_t<T>;
+  if constexpr (dtype_traits<T>::is_floating) {
+    if constexpr (is_half_v<S>) return {{}, static_cast<C>(static_cast<float>(s))};
+    else return {{}, static_cast<C>(s)};
+  } else {
+    if (!integer_fits<T>(s)) {
+      const std::string v = std::is_signed_v<S> ? std::to_string(static_cast<long long>(s))
+                                                : std::to_string(static_cast<unsigned long long>(s));
+      throw value_error("locus: the scalar " + v + " is outside the range of " + std::string(dtype_name<T>) +
+                        " (" + dtype_range_string<T>() + "), the dtype of the tensor it meets, and would "
+                        "wrap to another value; compute in a wider dtype, e.g. locus::cast<" +
+                        wider_dtype_spelling<T>() + ">(t) + " + v);
+    }
+    if constexpr (std::is_same_v<T, bool>) return {{}, s != S(0)};
+    else return {{}, static_cast<C>(s)};
+  }
+}
+
+/// Operations that are not defined on a dtype (bool: -, /, pow).
+template <class Op, class T>
+constexpr bool require_op_dtype() {
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, bool> &&
+                (std::is_same_v<Op, op::sub> || std::is_same_v<Op, op::div> || std::is_same_v<Op, op::pow>)) {
+    static_assert(always_false<Op>,
+                  "locus: -, / and pow are not defined for bool tensors (PyTorch refuses - on bool too); "
+                  "bool has + (or), * (and), comparisons, maximum, minimum and where: for xor write a != b, "
+                  "or compute in integers, e.g. locus::cast<locus::i32>(mask) - 1");
+    return false;
+  } else if constexpr (std::is_same_v<std::remove_cv_t<T>, bool> && std::is_same_v<Op, op::neg>) {
+    static_assert(always_false<Op>,
+                  "locus: negation is not defined for a bool tensor (PyTorch refuses it too); for logical "
+                  "not write mask == false, or negate integers: -locus::cast<locus::i32>(mask)");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+/// The compile-time rules of scalar S meeting a T operand under Op, each failing alone.
+template <class Op, class S, class T>
+constexpr bool scalar_rules_ok() {
+  if constexpr (!require_scalar_dtype<S, T>()) return false;
+  else return require_op_dtype<Op, T>();
+}
+
+/// Run-time rules of a scalar right operand: an integer divided by 0, an integer to a
+/// negative power (PyTorch: "Integers to negative integer powers are not allowed").
+template <class Op, class T, class S>
+void check_scalar_right(const S& s) {
+  if constexpr (!dtype_traits<T>::is_floating && std::is_same_v<Op, op::div>) {
+    if (s == S(0)) throw_division_by_zero<T>();
+  } else if constexpr (!dtype_traits<T>::is_floating && std::is_same_v<Op, op::pow> && std::is_signed_v<S>) {
+    if (s < S(0))
+      throw value_error("locus: an integer tensor to a negative power (" + std::to_string(static_cast<long long>(s)) +
+                        ") is not an integer (PyTorch refuses it too); compute in floating point: "
+                        "locus::pow(locus::cast<float>(t), " + std::to_string(static_cast<long long>(s)) + ")");
+  }
+}
+
 template <class Op, bool Compare, class A, class B>
 auto make_binary(const A& a, const B& b) {
   if constexpr (is_invalid_v<A> || is_invalid_v<B>) {
@@ -356,20 +485,31 @@ auto make_binary(const A& a, const B& b) {
     using EB = expr_of_t<B>;
     using T = typename EB::value_type;
     using R = std::conditional_t<Compare, bool, T>;
-    return binary_expr<Op, scalar_expr<T>, EB, R>(Op{}, scalar_expr<T>{{}, load(scalar_cast<T>(a))}, to_expr(b));
+    if constexpr (scalar_rules_ok<Op, A, T>())
+      return binary_expr<Op, scalar_expr<T>, EB, R>(Op{}, scalar_operand<T>(a), to_expr(b));
+    else
+      return invalid_expr{};
   } else if constexpr (is_scalar_v<B>) {
     using EA = expr_of_t<A>;
     using T = typename EA::value_type;
     using R = std::conditional_t<Compare, bool, T>;
-    return binary_expr<Op, EA, scalar_expr<T>, R>(Op{}, to_expr(a), scalar_expr<T>{{}, load(scalar_cast<T>(b))});
+    if constexpr (scalar_rules_ok<Op, B, T>()) {
+      auto s = scalar_operand<T>(b);
+      check_scalar_right<Op, T>(b);
+      return binary_expr<Op, EA, scalar_expr<T>, R>(Op{}, to_expr(a), s);
+    } else {
+      return invalid_expr{};
+    }
   } else {
     using EA = expr_of_t<A>;
     using EB = expr_of_t<B>;
-    if constexpr (operands_compatible<EA, EB>()) {
+    if constexpr (!operands_compatible<EA, EB>()) {
+      return invalid_expr{};
+    } else if constexpr (!require_op_dtype<Op, typename EA::value_type>()) {
+      return invalid_expr{};
+    } else {
       using R = std::conditional_t<Compare, bool, typename EA::value_type>;
       return binary_expr<Op, EA, EB, R>(Op{}, to_expr(a), to_expr(b));
-    } else {
-      return invalid_expr{};
     }
   }
 }
@@ -380,7 +520,10 @@ auto make_unary(const A& a) {
     return invalid_expr{};
   } else {
     using EA = expr_of_t<A>;
-    return unary_expr<Op, EA, typename EA::value_type>{{}, Op{}, to_expr(a)};
+    if constexpr (require_op_dtype<Op, typename EA::value_type>())
+      return unary_expr<Op, EA, typename EA::value_type>{{}, Op{}, to_expr(a)};
+    else
+      return invalid_expr{};
   }
 }
 
@@ -637,19 +780,21 @@ auto where(const C& cond, const A& a, const B& b) {
     } else if constexpr (d::is_scalar_v<B>) {
       using EA = d::expr_of_t<A>;
       using T = typename EA::value_type;
-      if constexpr (d::require_same_operand_device<typename EC::device, typename EA::device>())
-        return d::where_expr<EC, EA, d::scalar_expr<T>>(
-            d::to_expr(cond), d::to_expr(a), d::scalar_expr<T>{{}, d::load(d::scalar_cast<T>(b))});
-      else
+      if constexpr (!d::require_same_operand_device<typename EC::device, typename EA::device>())
         return d::invalid_expr{};
+      else if constexpr (!d::require_scalar_dtype<B, T>())
+        return d::invalid_expr{};
+      else
+        return d::where_expr<EC, EA, d::scalar_expr<T>>(d::to_expr(cond), d::to_expr(a), d::scalar_operand<T>(b));
     } else if constexpr (d::is_scalar_v<A>) {
       using EB = d::expr_of_t<B>;
       using T = typename EB::value_type;
-      if constexpr (d::require_same_operand_device<typename EC::device, typename EB::device>())
-        return d::where_expr<EC, d::scalar_expr<T>, EB>(
-            d::to_expr(cond), d::scalar_expr<T>{{}, d::load(d::scalar_cast<T>(a))}, d::to_expr(b));
-      else
+      if constexpr (!d::require_same_operand_device<typename EC::device, typename EB::device>())
         return d::invalid_expr{};
+      else if constexpr (!d::require_scalar_dtype<A, T>())
+        return d::invalid_expr{};
+      else
+        return d::where_expr<EC, d::scalar_expr<T>, EB>(d::to_expr(cond), d::scalar_operand<T>(a), d::to_expr(b));
     } else {
       using EA = d::expr_of_t<A>;
       using EB = d::expr_of_t<B>;

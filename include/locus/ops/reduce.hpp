@@ -11,7 +11,8 @@
 // whole-tensor reductions, cub::DeviceSegmentedReduce along the innermost axis and one
 // thread per output along other axes. f16 and bf16 accumulate in f32; floating sums are
 // combined in f64 on every path (host blocks, blocks along an axis, cub), integers are
-// reduced in i64 (never through double). max of all -inf is -inf, min of all +inf is
+// reduced in i64 (never through double) and their sums (bool, u8, i32, i64) return i64,
+// as PyTorch's do; mean and var need a floating dtype (as PyTorch's mean does). max of all -inf is -inf, min of all +inf is
 // +inf. NaN propagates through sum, max and min; argmax and argmin return the first
 // extreme, a NaN counting as extreme, on every device.
 #pragma once
@@ -61,17 +62,13 @@ struct flat_reader {
 };
 
 // ---- reduction operators: one source for every device ---------------------------------
-/// a + b; for signed integers in two's complement (through the unsigned type), so that
-/// partial sums may overflow on the way (lanes and blocks group values of one sign)
-/// and the total is still exact whenever it fits, with no undefined behaviour.
+/// a + b; for signed integers in two's complement (wrap_add, through the unsigned
+/// type), so that partial sums may overflow on the way (lanes and blocks group values
+/// of one sign) and the total is still exact whenever it fits, with no undefined
+/// behaviour; a total beyond i64 wraps, as PyTorch's does.
 template <class A>
 LOCUS_HOST_DEVICE constexpr A add_wrapping(A a, A b) {
-  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
+  return wrap_add(a, b);
 }
 struct sum_op {
   template <class A> LOCUS_HOST_DEVICE A operator()(A a, A b) const { return add_wrapping(a, b); }
@@ -195,9 +192,14 @@ arg_pair<Acc> host_arg_reduce(index_t n, const F& f) {
 
 enum class reduce_kind { sum, mean, max, min, argmax, argmin, var };
 
+/// The result dtype: i64 for argmax and argmin, and for sums of integer and bool dtypes
+/// (bool, u8, i32, i64 accumulate in i64 and return i64, as PyTorch's sums do: 300 u8
+/// ones sum to 300, three 2^30 to 3 * 2^30); the input's dtype otherwise.
 template <reduce_kind K, class T>
-using reduce_result_t = std::conditional_t<K == reduce_kind::argmax || K == reduce_kind::argmin,
-                                           std::int64_t, T>;
+using reduce_result_t =
+    std::conditional_t<K == reduce_kind::argmax || K == reduce_kind::argmin ||
+                           (K == reduce_kind::sum && !dtype_traits<std::remove_cv_t<T>>::is_floating),
+                       std::int64_t, T>;
 
 template <reduce_kind K, class T>
 constexpr bool check_reduce_dtype() {
@@ -205,9 +207,12 @@ constexpr bool check_reduce_dtype() {
     static_assert(dtype_traits<T>::is_floating,
                   "locus: mean and var need a floating dtype; convert first with locus::cast<float>(x)");
     return dtype_traits<T>::is_floating;
+  } else if constexpr (K == reduce_kind::sum) {
+    return true;  // bool counts: an i64
   } else {
     static_assert(!std::is_same_v<T, bool>,
-                  "locus: reductions of bool tensors are not defined; cast<std::int64_t>(mask) first");
+                  "locus: max, min, argmax and argmin of a bool tensor are not defined; count with "
+                  "locus::sum(mask) (an i64), or cast first, e.g. locus::max(locus::cast<locus::i32>(mask))");
     return !std::is_same_v<T, bool>;
   }
 }

@@ -30,17 +30,46 @@ struct fill_value {
   LOCUS_HOST_DEVICE void operator()(index_t i) const { dst[i] = value; }
 };
 
+/// Element i of an arange: start + i * step, in double for floating dtypes; for integer
+/// dtypes exactly, in i64 (start and step are whole numbers and every element lies in
+/// T's range, checked before the launch; wrap_mul/wrap_add keep the way there defined).
 template <class T>
 struct arange_fill {
   T* dst;
   double start, step;
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
-    if constexpr (std::is_floating_point_v<T> || is_half_v<T>)
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
       dst[i] = scalar_cast<T>(start + static_cast<double>(i) * step);
-    else
-      dst[i] = static_cast<T>(static_cast<index_t>(start) + i * static_cast<index_t>(step));
+    } else {
+      const index_t s = static_cast<index_t>(start), d = static_cast<index_t>(step);
+      dst[i] = static_cast<T>(wrap_add(s, wrap_mul(i, d)));
+    }
   }
 };
+
+/// An integer arange: start and step whole numbers, first and last element in T's range
+/// (value_error otherwise). PyTorch computes arange(0, 2.5, 0.5, dtype=int) in double
+/// and truncates each element (0, 0, 1, 1, 2); locus refuses it: an integer arange
+/// with a fractional step is almost always a mistake, and the explicit spelling says
+/// which rounding is meant.
+template <class T>
+void check_integer_arange(double start, double stop, double step, index_t n) {
+  const auto args = [&] {
+    return "arange<" + std::string(dtype_name<T>) + ">(" + detail::number_string(start) + ", " +
+           detail::number_string(stop) + ", " + detail::number_string(step) + ")";
+  };
+  if (!whole_number_fits<std::int64_t>(start) || !whole_number_fits<std::int64_t>(step))
+    throw value_error("locus: " + args() + " needs a whole-number start and step for an integer dtype (its "
+                      "elements start + i * step would not be whole numbers); for a fractional step, make a "
+                      "floating arange and convert it explicitly, e.g. locus::cast<" +
+                      (std::is_same_v<T, bool> ? std::string("bool") : "locus::" + std::string(dtype_name<T>)) +
+                      ">(locus::arange<double, D>(start, stop, step)) (truncates each element)");
+  if (n == 0) return;
+  const double last = start + static_cast<double>(n - 1) * step;
+  if (!whole_number_fits<T>(start) || !whole_number_fits<T>(last))
+    throw value_error("locus: " + args() + " has elements outside the range of " + std::string(dtype_name<T>) +
+                      " (" + dtype_range_string<T>() + "); use a wider dtype");
+}
 
 template <class T>
 constexpr bool require_floating_dtype() {
@@ -52,6 +81,28 @@ constexpr bool require_floating_dtype() {
 
 template <class V>
 concept Scalar = std::is_arithmetic_v<V> || is_half_v<V>;
+
+/// full()'s value for an integer or bool dtype T: exactly representable, or value_error.
+template <class T, class V>
+void check_fill_value(V value) {
+  if constexpr (!dtype_traits<T>::is_floating) {
+    bool ok;
+    std::string shown;
+    if constexpr (std::is_integral_v<V>) {
+      ok = integer_fits<T>(value);
+      shown = std::is_signed_v<V> ? std::to_string(static_cast<long long>(value))
+                                  : std::to_string(static_cast<unsigned long long>(value));
+    } else {
+      const double v = static_cast<double>(value);
+      ok = whole_number_fits<T>(v);
+      shown = number_string(v);
+    }
+    if (!ok)
+      throw value_error("locus: full<" + std::string(dtype_name<T>) + "> cannot hold the value " + shown +
+                        " (" + std::string(dtype_name<T>) + " holds the whole numbers " + dtype_range_string<T>() +
+                        "); the fill would wrap or truncate: pass a value in range, or use a wider or floating dtype");
+  }
+}
 
 /// The factories take any T and D, so that a wrong one is reported by tensor's own
 /// static_assert (a locus: message) rather than as a list of candidates; their bodies
@@ -91,11 +142,15 @@ tensor<T, D, R> zeros(const index_t (&shape)[R]) {
   return zeros<T, D>(detail::to_extents(shape));
 }
 
-/// Tensor with every element equal to value (converted to T).
+/// Tensor with every element equal to value (converted to T: rounded for f16/bf16). An
+/// integer or bool dtype needs a value it holds exactly (a whole number in its range,
+/// given as an integer or a floating value): anything else is a value_error, not a
+/// wrap or a truncation.
 template <class T, class D, std::size_t R, class V>
 tensor<T, D, R> full(const extents<R>& shape, V value) {
   static_assert(detail::Scalar<V>, "locus: full() fills with a number (an arithmetic type, f16 or bf16), "
                                    "but the value given is of another type; pass e.g. 1.5f or locus::bf16(1.5f)");
+  if constexpr (detail::Scalar<V> && Dtype<T>) detail::check_fill_value<std::remove_cv_t<T>>(value);
   tensor<T, D, R> t(shape);
   if constexpr (detail::factory_args_ok<T, D> && detail::Scalar<V>)
     detail::launch_n<D>(t.numel(), detail::fill_value<T>{t.data_handle(), detail::scalar_cast<T>(value)});
@@ -115,16 +170,20 @@ tensor<T, D, R> ones(const index_t (&shape)[R]) {
   return full<T, D>(detail::to_extents(shape), 1);
 }
 
-/// [start, start + step, ...) up to but excluding stop, as a rank-1 tensor.
+/// [start, start + step, ...) up to but excluding stop, as a rank-1 tensor. Floating
+/// dtypes compute start + i * step in double and round once; integer dtypes need a
+/// whole-number start and step and every element in range (value_error), and are exact.
 template <class T, class D>
 tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
   if (step == 0.0 || !(step - step == 0.0))
     throw shape_error("locus: arange step must be finite and non-zero");
   const double span = (stop - start) / step;
   if (!(span - span == 0.0) || span > 9.0e18)  // NaN or inf bounds, or more elements than index_t counts
-    throw shape_error("locus: arange(" + std::to_string(start) + ", " + std::to_string(stop) + ", " +
-                      std::to_string(step) + ") has no finite element count");
+    throw shape_error("locus: arange(" + detail::number_string(start) + ", " + detail::number_string(stop) + ", " +
+                      detail::number_string(step) + ") has no finite element count");
   const index_t n = span > 0 ? static_cast<index_t>(std::ceil(span)) : 0;
+  if constexpr (Dtype<T> && !dtype_traits<std::remove_cv_t<T>>::is_floating)
+    detail::check_integer_arange<std::remove_cv_t<T>>(start, stop, step, n);
   tensor<T, D, 1> t(extents<1>{n});
   if constexpr (detail::factory_args_ok<T, D>)
     detail::launch_n<D>(n, detail::arange_fill<T>{t.data_handle(), start, step});
