@@ -8,7 +8,10 @@
 //   amp::fp64        compute f64,  master f64  (gradient checks and numerics)
 //
 // A policy is any type with `compute`, `master`, `requires_loss_scaling` and `name`;
-// check_policy<P>() rejects master weights in f16 or bf16 at compile time.
+// check_policy<P>() rejects master weights in f16 or bf16 at compile time. Loss scaling
+// (a grad_scaler) follows from f16 compute itself: requires_loss_scaling = false does
+// not lift it; the flag can only add the need to a policy of another compute dtype
+// (amp::needs_loss_scaling<P>).
 #pragma once
 
 #include <string_view>
@@ -56,6 +59,13 @@ concept precision_policy = requires {
   { P::requires_loss_scaling } -> std::convertible_to<bool>;
   { P::name } -> std::convertible_to<std::string_view>;  // checkpoints record it
 };
+
+/// Whether training with policy P needs loss scaling: always when it computes in f16
+/// (f16 gradients below 6e-8 flush to zero, whatever the policy declares), and
+/// whenever P::requires_loss_scaling says so.
+template <precision_policy P>
+inline constexpr bool needs_loss_scaling =
+    std::is_same_v<std::remove_cv_t<typename P::compute>, ::locus::f16> || static_cast<bool>(P::requires_loss_scaling);
 
 }  // namespace locus::amp
 

@@ -10,6 +10,13 @@
 // Whether to skip the step (a grad scaler's overflow, the trainer's non-finite guard)
 // and AdamW's bias corrections are decided on the device, so a step never waits for
 // the GPU. The optimizer's device is a type: adamw<cpu> on a cuda model does not compile.
+//
+// Loss scaling in a hand-written loop: step() without a guard on a model that computes
+// in f16 (or whose policy declares requires_loss_scaling) throws locus::error before
+// touching anything, since such gradients have already lost what underflowed; pass a
+// grad scaler's state (opt.step(scaler.state())), or opt.step(locus::optim::unscaled)
+// to step without one on purpose. The policy is not part of the optimizer's type
+// (adamw<D> serves every policy), so this is a run-time rule.
 #pragma once
 
 #include <cmath>
@@ -18,6 +25,8 @@
 #include <numbers>
 #include <string>
 
+#include "../amp/policy.hpp"
+#include "../core/error.hpp"
 #include "../core/rules.hpp"
 #include "../core/rules_train.hpp"
 #include "../nn/kernels.hpp"
@@ -56,6 +65,7 @@ struct bound_parameters {
   float* g = nullptr;
   void* pc = nullptr;  // compute copy, or nullptr
   compute_kind kind = compute_kind::same;
+  bool needs_scaling = false;  // amp::needs_loss_scaling of the store's policy
   index_t n = 0;
 
   /// Re-derives the compute copy from the master weights (after a checkpoint load).
@@ -80,6 +90,7 @@ struct bound_parameters {
       b.g = s.grad().data_handle();
       if constexpr (nn::parameter_store<MD, Policy>::separate_compute) b.pc = s.compute_data();
       b.kind = compute_kind_of<typename Policy::compute>();
+      b.needs_scaling = amp::needs_loss_scaling<Policy>;
       b.n = s.size();
     }
     return b;
@@ -102,6 +113,22 @@ class optimizer_base {
   /// Re-derives the compute copy from the master weights (after a checkpoint load).
   void after_load() { params_.sync_compute(); }
 
+  /// Whether this optimizer updates `store` (it was built from it): the trainer refuses
+  /// an optimizer bound to another model's parameters.
+  template <Device MD, class Policy>
+  [[nodiscard]] bool bound_to(const nn::parameter_store<MD, Policy>& store) const noexcept {
+    if constexpr (!std::is_same_v<MD, D>) {
+      return false;
+    } else {
+      return static_cast<const void*>(params_.p) == static_cast<const void*>(store.master().data_handle()) &&
+             static_cast<const void*>(params_.g) == static_cast<const void*>(store.grad().data_handle()) &&
+             params_.n == store.size();
+    }
+  }
+  /// The elements and master weights of the store it was built from (for messages).
+  [[nodiscard]] index_t bound_size() const noexcept { return params_.n; }
+  [[nodiscard]] const void* bound_data() const noexcept { return params_.p; }
+
  protected:
   template <Device MD, class Policy>
   optimizer_base(nn::parameter_store<MD, Policy>& params, const Options& o)
@@ -114,6 +141,17 @@ class optimizer_base {
   /// gradient, and leaves the scalars the update kernel reads (bias corrections with
   /// beta1/beta2; 0 for optimizers without them).
   update_scalars* begin_step(locus::detail::step_state* guard, float beta1, float beta2) {
+    if (guard == nullptr && params_.needs_scaling)
+      throw error(
+          "locus: optimizer step without loss scaling on a model whose policy needs it (it computes in f16, "
+          "or declares requires_loss_scaling): f16 gradients below 6e-8 have flushed to zero; scale the loss "
+          "with a locus::amp::grad_scaler<D> scaler: loss.forward(out, y, scaler.scale_ptr()), "
+          "model.backward(loss.grad()), scaler.unscale(model.parameters()), opt.step(scaler.state()), "
+          "scaler.update(); or, to step without it on purpose, opt.step(locus::optim::unscaled)");
+    return begin_unscaled(guard, beta1, beta2);
+  }
+  /// begin_step without the loss-scaling rule (optim::unscaled).
+  update_scalars* begin_unscaled(locus::detail::step_state* guard, float beta1, float beta2) {
     auto* sc = reinterpret_cast<update_scalars*>(scalars_.data_handle());
     locus::detail::launch_n<D>(1, locus::detail::update_begin_kernel{guard, steps_.data_handle(), sc, beta1, beta2});
     return sc;
@@ -126,6 +164,15 @@ class optimizer_base {
 };
 
 }  // namespace detail
+
+/// The explicit opt-out of the loss-scaling rule for a hand-written loop:
+/// opt.step(locus::optim::unscaled) updates a model that computes in f16 without a grad
+/// scaler (opt.step() there throws locus::error, since its small gradients have
+/// already flushed to zero). Nothing else differs from opt.step().
+struct unscaled_t {
+  explicit unscaled_t() = default;
+};
+inline constexpr unscaled_t unscaled{};
 
 struct adamw_options {
   double lr = 1e-3;
@@ -150,20 +197,16 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
         v_(zeros<float, D>(extents<1>{this->params_.n})) {}
 
   /// One update of every parameter; skipped (on the device) when `guard` reports a
-  /// non-finite gradient.
+  /// non-finite gradient. Without a guard on a model that computes in f16: locus::error
+  /// (pass the grad scaler's state, or optim::unscaled).
   void step(locus::detail::step_state* guard = nullptr) {
     const auto& o = this->o_;
-    const auto& pr = this->params_;
-    auto* sc = this->begin_step(guard, static_cast<float>(o.beta1), static_cast<float>(o.beta2));
-    detail::with_compute(pr.kind, [&](auto* tag) {
-      using C = std::remove_pointer_t<decltype(tag)>;
-      locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{
-                                      pr.p, pr.g, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), sc,
-                                      static_cast<float>(o.lr), static_cast<float>(o.beta1),
-                                      static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                                      static_cast<float>(o.weight_decay)},
-                                  pr.n);
-    });
+    update(this->begin_step(guard, static_cast<float>(o.beta1), static_cast<float>(o.beta2)));
+  }
+  /// One update of every parameter without loss scaling, whatever the policy.
+  void step(unscaled_t) {
+    const auto& o = this->o_;
+    update(this->begin_unscaled(nullptr, static_cast<float>(o.beta1), static_cast<float>(o.beta2)));
   }
 
   /// The state tensors by name (for checkpoints): "exp_avg", "exp_avg_sq" (flat, laid out
@@ -175,6 +218,20 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
   }
 
  private:
+  void update(locus::detail::update_scalars* sc) {
+    const auto& o = this->o_;
+    const auto& pr = this->params_;
+    detail::with_compute(pr.kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{
+                                      pr.p, pr.g, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), sc,
+                                      static_cast<float>(o.lr), static_cast<float>(o.beta1),
+                                      static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                                      static_cast<float>(o.weight_decay)},
+                                  pr.n);
+    });
+  }
+
   tensor<float, D, 1> m_, v_;
 };
 
@@ -201,10 +258,19 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
     if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{this->params_.n});
   }
 
-  void step(locus::detail::step_state* guard = nullptr) {
+  /// As adamw::step: without a guard on a model that computes in f16, locus::error.
+  void step(locus::detail::step_state* guard = nullptr) { update(this->begin_step(guard, 0.0f, 0.0f)); }
+  void step(unscaled_t) { update(this->begin_unscaled(nullptr, 0.0f, 0.0f)); }
+
+  template <class F>
+  void for_each_state(F&& f) {
+    if (this->o_.momentum != 0.0) f("momentum_buffer", buf_.view());
+  }
+
+ private:
+  void update(locus::detail::update_scalars* sc) {
     const auto& o = this->o_;
     const auto& pr = this->params_;
-    auto* sc = this->begin_step(guard, 0.0f, 0.0f);
     detail::with_compute(pr.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
       locus::detail::launch_n<D>(pr.n, locus::detail::sgd_kernel<C>{
@@ -215,12 +281,6 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
     });
   }
 
-  template <class F>
-  void for_each_state(F&& f) {
-    if (this->o_.momentum != 0.0) f("momentum_buffer", buf_.view());
-  }
-
- private:
   tensor<float, D, 1> buf_;
 };
 

@@ -14,11 +14,14 @@
 // non-finite gradient is reported there. On host devices they are reported at once.
 //
 // Rules checked at compile time: a batch on another device than the model, an optimizer
-// or scaler built for another device, and amp::fp16_mixed without a grad scaler.
+// or scaler built for another device, and a policy that computes in f16 (amp::fp16_mixed
+// or any other) without a grad scaler. At construction: an optimizer bound to another
+// model's parameters (locus::error).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -94,14 +97,24 @@ struct epoch_options {
 namespace detail {
 using locus::detail::step_state;
 
+// The need for a scaler follows from f16 compute itself (a home-made policy with
+// compute = f16 and requires_loss_scaling = false is refused too); the flag only adds
+// it for other compute dtypes.
 template <class Policy, class Scaler>
 constexpr bool check_scaler() {
-  if constexpr (Policy::requires_loss_scaling && std::is_same_v<Scaler, no_scaler>) {
+  using P = locus::detail::checked_policy_t<Policy>;  // check_policy reported a bad one
+  if constexpr (std::is_same_v<Scaler, no_scaler> && std::is_same_v<typename P::compute, ::locus::f16>) {
     static_assert(locus::detail::always_false<Policy>,
-                  "locus: amp::fp16_mixed needs loss scaling: f16 gradients below 6e-8 flush to "
-                  "zero and training silently stalls or diverges; pass a "
-                  "locus::amp::grad_scaler<D> to the trainer (or use amp::bf16_mixed, whose "
-                  "range needs no scaling)");
+                  "locus: amp::fp16_mixed needs loss scaling, and so does every policy that computes in f16 "
+                  "(whatever its requires_loss_scaling says): f16 gradients below 6e-8 flush to zero and "
+                  "training silently stalls or diverges; pass a locus::amp::grad_scaler<D> to the trainer "
+                  "(or use amp::bf16_mixed, whose range needs no scaling)");
+    return false;
+  } else if constexpr (std::is_same_v<Scaler, no_scaler> && amp::needs_loss_scaling<P>) {
+    static_assert(locus::detail::always_false<Policy>,
+                  "locus: this precision policy declares requires_loss_scaling = true, but the trainer has no "
+                  "grad scaler; pass a locus::amp::grad_scaler<D> to the trainer: "
+                  "locus::train::trainer t(model, opt, loss, scaler)");
     return false;
   } else {
     return true;
@@ -352,6 +365,16 @@ class trainer {
   void init() {
     if (o_.accumulate < 1)
       throw std::invalid_argument("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
+    // An optimizer built over another model's parameters would update that model on
+    // every step while this one never trains (and the other trains on this one's
+    // gradients): refused here, before any step.
+    if (!opt_->bound_to(model_->parameters()))
+      throw error("locus: the trainer's optimizer was built over another model's parameters (" +
+                  std::to_string(opt_->bound_size()) + " elements at " + address(opt_->bound_data()) +
+                  "), not this trainer's model's (" + std::to_string(model_->parameters().size()) +
+                  " elements at " + address(model_->parameters().master().data_handle()) +
+                  "): its steps would update the other model and this one would never train; build the "
+                  "optimizer from this model: locus::optim::adamw<D> opt(model.parameters())");
     base_lr_ = opt_->lr();
     running_ = zeros<A, device>(extents<1>{1});
     const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
@@ -365,6 +388,12 @@ class trainer {
       std::memcpy(h.data_handle(), &s, sizeof s);
       copy(h, guard_);
     }
+  }
+
+  static std::string address(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return buf;
   }
 
   locus::detail::step_state* guard_state() noexcept { return reinterpret_cast<locus::detail::step_state*>(guard_.data_handle()); }
