@@ -11,19 +11,26 @@
 // locus reads element types u8 (0x08), i32 (0x0C), f32 (0x0D) and f64 (0x0E); the
 // dtype and rank asked for must be the file's (compile-time T and R, run-time check).
 //
-// zlib reads both plain and gzip files (gzopen/gzread), so link with zlib
-// (find_package(ZLIB), ZLIB::ZLIB). Every failure is a locus::io_error that names the
-// file and what was expected: a missing file, a wrong magic number, another element
-// type or rank, a truncated file, a corrupt gzip stream, bytes after the data. The
-// parser never reads past the end of its input, and it refuses a header announcing
-// more data than the input can hold before allocating anything.
+// A file starting with the gzip magic (1f 8b) is inflated with zlib, so link with zlib
+// (find_package(ZLIB), ZLIB::ZLIB); any other file is read as plain IDX. Every failure
+// is a locus::io_error that names the file and what was expected: a missing file, a
+// wrong magic number, another element type or rank, a truncated file, a corrupt gzip
+// stream, bytes after the data or after the gzip stream (another gzip member may
+// follow, as gzip allows; nothing else). The parser never reads past the end of its
+// input, and it refuses a header announcing more data than a regular file can hold
+// before allocating anything; a FIFO or a device is read as its bytes arrive, into a
+// buffer no larger than what came.
 //
 // read_idx_from_memory parses a buffer with the same code (the fuzz target
 // tests/fuzz/fuzz_idx.cpp drives it).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -40,6 +47,7 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../core/config.hpp"
 #include "../core/device.hpp"
@@ -105,6 +113,7 @@ class memory_reader {
   }
   /// At most this many bytes can still be read.
   [[nodiscard]] std::uint64_t max_remaining() const noexcept { return bytes_.size() - pos_; }
+  [[nodiscard]] static constexpr bool bounded() noexcept { return true; }
   /// Says how max_remaining() was obtained, for messages.
   [[nodiscard]] std::string remaining_note() const {
     return "only " + std::to_string(max_remaining()) + " bytes follow";
@@ -115,82 +124,156 @@ class memory_reader {
   std::size_t pos_ = 0;
 };
 
-/// Bytes from a file through zlib: gzip-compressed or plain (zlib reads plain files
-/// transparently). Owns the gzFile.
-class gz_reader {
+/// Bytes from a file, plain or gzip-compressed (the first two bytes 1f 8b), through
+/// its descriptor and zlib's inflate. A regular file's size bounds what it can hold;
+/// a FIFO or a device is read as its bytes arrive (bounded() is false). After a gzip
+/// stream only another gzip member may follow: anything else (garbage appended to a
+/// .gz file, which gzread would skip) is an io_error.
+class file_reader {
  public:
-  explicit gz_reader(const std::filesystem::path& path) : name_(path.string()) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(path, ec);
-    errno = 0;
-    file_ = gzopen(name_.c_str(), "rb");
-    if (!file_) {
-      const int e = errno;
-      throw io_error("locus: cannot open IDX file '" + name_ + "': " +
-                     (e ? std::string(std::strerror(e)) : std::string("zlib could not open it")) +
+  explicit file_reader(const std::filesystem::path& path) : name_(path.string()) {
+    do fd_ = ::open(name_.c_str(), O_RDONLY | O_CLOEXEC);
+    while (fd_ < 0 && errno == EINTR);
+    if (fd_ < 0)
+      throw io_error("locus: cannot open IDX file '" + name_ + "': " + std::strerror(errno) +
                      "; expected a readable IDX file, plain or gzip-compressed");
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      bounded_ = true;
+      file_size_ = static_cast<std::uint64_t>(st.st_size);
     }
-    file_size_ = ec ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(size);
-    (void)gzbuffer(file_, 1u << 17);
+    try {
+      fill_to(2);
+      gzip_ = in_len_ - in_pos_ >= 2 && buf_[in_pos_] == 0x1f && buf_[in_pos_ + 1] == 0x8b;
+      if (gzip_ && inflateInit2(&z_, 15 + 16) != Z_OK)  // gzip only: the magic said so
+        throw io_error("locus: '" + name_ + "': zlib could not start inflating (out of memory?)");
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
   }
-  gz_reader(const gz_reader&) = delete;
-  gz_reader& operator=(const gz_reader&) = delete;
-  ~gz_reader() {
-    if (file_) (void)gzclose_r(file_);
+  file_reader(const file_reader&) = delete;
+  file_reader& operator=(const file_reader&) = delete;
+  ~file_reader() {
+    if (gzip_) (void)inflateEnd(&z_);
+    ::close(fd_);
   }
 
   std::size_t read(void* dst, std::size_t n) {
     auto* out = static_cast<unsigned char*>(dst);
-    std::size_t done = 0;
-    while (done < n) {
-      const std::size_t want = n - done < (1u << 30) ? n - done : (1u << 30);
-      const int got = gzread(file_, out + done, static_cast<unsigned>(want));
-      if (got < 0) fail();
-      if (got == 0) break;
-      done += static_cast<std::size_t>(got);
-    }
-    if (done < n) {
-      // A short read is the end of the data, unless zlib says the stream broke off.
-      int code = Z_OK;
-      (void)gzerror(file_, &code);
-      if (code != Z_OK && code != Z_STREAM_END) fail();
-    }
+    const std::size_t done = gzip_ ? inflate_into(out, n) : copy_into(out, n);
     consumed_ += done;
     return done;
   }
 
+  /// Whether max_remaining() bounds the input (a regular file); otherwise data is
+  /// buffered as it arrives, never sized by the header.
+  [[nodiscard]] bool bounded() const noexcept { return bounded_; }
   /// An upper bound on what can still be read: the file's size for a plain file,
-  /// 1032 times it for a gzip file (deflate's largest expansion).
-  [[nodiscard]] std::uint64_t max_remaining() {
-    if (file_size_ == std::numeric_limits<std::uint64_t>::max()) return file_size_;
-    if (gzdirect(file_)) return file_size_ > consumed_ ? file_size_ - consumed_ : 0;
+  /// 1032 times it for a gzip file (deflate's largest expansion); no bound for a
+  /// FIFO or a device.
+  [[nodiscard]] std::uint64_t max_remaining() const noexcept {
+    if (!bounded_) return std::numeric_limits<std::uint64_t>::max();
+    if (!gzip_) return file_size_ > consumed_ ? file_size_ - consumed_ : 0;
     const std::uint64_t cap = std::numeric_limits<std::uint64_t>::max() / 1032;
     return file_size_ > cap ? std::numeric_limits<std::uint64_t>::max() : file_size_ * 1032;
   }
-  [[nodiscard]] std::string remaining_note() {
-    if (gzdirect(file_)) return "only " + std::to_string(max_remaining()) + " bytes follow";
+  [[nodiscard]] std::string remaining_note() const {
+    if (!gzip_) return "only " + std::to_string(max_remaining()) + " bytes follow";
     return "the " + std::to_string(file_size_) + "-byte gzip file cannot hold that many";
   }
 
  private:
-  [[noreturn]] void fail() {
-    int code = Z_OK;
-    const char* msg = gzerror(file_, &code);
-    std::string text = msg ? msg : "unknown zlib error";
-    if (text.rfind(name_ + ": ", 0) == 0) text.erase(0, name_.size() + 2);  // zlib prefixes the path
-    if (code == Z_ERRNO) text = std::strerror(errno);
-    if (code == Z_BUF_ERROR)
-      throw io_error("locus: '" + name_ + "' is truncated: the gzip stream ends early (zlib: " +
-                     text + "); expected a complete gzip-compressed IDX file");
-    throw io_error("locus: '" + name_ + "': " +
-                   (code == Z_ERRNO ? std::string("read error (") : std::string("corrupt gzip stream (zlib: ")) +
-                   text + "); expected a valid gzip-compressed or plain IDX file");
+  static constexpr std::size_t buffer_size = std::size_t{1} << 17;
+
+  /// Reads more input into the buffer; false at the end of the file.
+  bool fill() {
+    if (in_pos_ == in_len_) in_pos_ = in_len_ = 0;
+    if (in_len_ == buf_.size()) return true;
+    for (;;) {
+      const ssize_t got = ::read(fd_, buf_.data() + in_len_, buf_.size() - in_len_);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) read_error();
+      in_len_ += static_cast<std::size_t>(got);
+      return got > 0;
+    }
+  }
+  /// At least k bytes in the buffer, unless the file ends first.
+  void fill_to(std::size_t k) {
+    if (in_pos_ > 0 && in_len_ - in_pos_ < k) {  // keep the unread bytes at the front
+      std::memmove(buf_.data(), buf_.data() + in_pos_, in_len_ - in_pos_);
+      in_len_ -= in_pos_;
+      in_pos_ = 0;
+    }
+    while (in_len_ - in_pos_ < k && fill()) {
+    }
+  }
+
+  std::size_t copy_into(unsigned char* out, std::size_t n) {
+    std::size_t done = std::min(n, in_len_ - in_pos_);
+    if (done) std::memcpy(out, buf_.data() + in_pos_, done);
+    in_pos_ += done;
+    while (done < n) {  // the rest straight from the file
+      const std::size_t want = n - done < (std::size_t{1} << 30) ? n - done : (std::size_t{1} << 30);
+      const ssize_t got = ::read(fd_, out + done, want);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) read_error();
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  }
+
+  std::size_t inflate_into(unsigned char* out, std::size_t n) {
+    std::size_t done = 0;
+    while (done < n) {
+      if (member_done_) {  // the end of the file, or another gzip member
+        fill_to(2);
+        const std::size_t left = in_len_ - in_pos_;
+        if (left == 0) break;
+        if (left < 2 || buf_[in_pos_] != 0x1f || buf_[in_pos_ + 1] != 0x8b)
+          throw io_error("locus: '" + name_ + "' has bytes after the end of its gzip stream that are not another "
+                         "gzip member; expected the file to end with the stream");
+        (void)inflateReset(&z_);
+        member_done_ = false;
+      }
+      if (in_pos_ == in_len_ && !fill())
+        throw io_error("locus: '" + name_ + "' is truncated: the gzip stream ends early; expected a complete "
+                       "gzip-compressed IDX file");
+      const std::size_t want = n - done < (std::size_t{1} << 30) ? n - done : (std::size_t{1} << 30);
+      z_.next_in = buf_.data() + in_pos_;
+      z_.avail_in = static_cast<uInt>(in_len_ - in_pos_);
+      z_.next_out = out + done;
+      z_.avail_out = static_cast<uInt>(want);
+      const int r = inflate(&z_, Z_NO_FLUSH);
+      in_pos_ = in_len_ - z_.avail_in;
+      done += want - z_.avail_out;
+      if (r == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (r == Z_BUF_ERROR && z_.avail_in == 0) {
+        // no progress without more input: the next turn reads it
+      } else if (r != Z_OK) {
+        if (r == Z_MEM_ERROR) throw io_error("locus: '" + name_ + "': zlib ran out of memory inflating it");
+        throw io_error("locus: '" + name_ + "': corrupt gzip stream (zlib: " +
+                       std::string(z_.msg ? z_.msg : "unknown error") +
+                       "); expected a valid gzip-compressed or plain IDX file");
+      }
+    }
+    return done;
+  }
+
+  [[noreturn]] void read_error() const {
+    throw io_error("locus: '" + name_ + "': read error (" + std::strerror(errno) +
+                   "); expected a valid gzip-compressed or plain IDX file");
   }
 
   std::string name_;
-  gzFile file_ = nullptr;
-  std::uint64_t file_size_ = 0;
-  std::uint64_t consumed_ = 0;
+  int fd_ = -1;
+  bool bounded_ = false, gzip_ = false, member_done_ = false;
+  std::uint64_t file_size_ = 0, consumed_ = 0;
+  std::vector<unsigned char> buf_ = std::vector<unsigned char>(buffer_size);  // not on the stack
+  std::size_t in_pos_ = 0, in_len_ = 0;
+  z_stream z_{};
 };
 
 /// The IDX parser, over any reader (memory_reader, gz_reader).
@@ -255,8 +338,31 @@ tensor<T, cpu, R> parse_idx(Reader& in, const std::string& name) {
                    locus::detail::shape_string(shape) + " of " + std::string(dtype_name<T>) + " (" +
                    std::to_string(bytes) + " bytes of data), but " + in.remaining_note());
 
-  tensor<T, cpu, R> out(shape);
-  const std::size_t got = bytes ? in.read(out.data_handle(), static_cast<std::size_t>(bytes)) : 0;
+  tensor<T, cpu, R> out;
+  std::size_t got = 0;
+  if (in.bounded()) {  // the input can hold `bytes`: allocate, then read
+    out = tensor<T, cpu, R>(shape);
+    got = bytes ? in.read(out.data_handle(), static_cast<std::size_t>(bytes)) : 0;
+  } else {
+    // A FIFO or a device may claim anything: buffer what arrives (the buffer grows with
+    // it), and make the tensor once all of it is there.
+    std::vector<unsigned char> arrived;
+    std::uint64_t chunk = 1u << 16;
+    while (arrived.size() < bytes) {
+      const std::size_t at = arrived.size();
+      const auto want = static_cast<std::size_t>(bytes - at < chunk ? bytes - at : chunk);
+      arrived.resize(at + want);
+      const std::size_t k = in.read(arrived.data() + at, want);
+      arrived.resize(at + k);
+      if (k < want) break;
+      if (chunk < (std::uint64_t{1} << 26)) chunk *= 2;
+    }
+    got = arrived.size();
+    if (got == bytes) {
+      out = tensor<T, cpu, R>(shape);
+      if (got) std::memcpy(out.data_handle(), arrived.data(), got);
+    }
+  }
   if (got < bytes)
     throw io_error("locus: '" + name + "' is truncated: expected " + std::to_string(bytes) +
                    " bytes of data for shape " + locus::detail::shape_string(shape) + ", found only " +
@@ -282,7 +388,7 @@ tensor<T, cpu, R> parse_idx(Reader& in, const std::string& name) {
 template <Dtype T, std::size_t R>
 tensor<T, cpu, R> read_idx(const std::filesystem::path& path) {
   if constexpr (detail::require_idx_dtype<T>()) {
-    detail::gz_reader in(path);
+    detail::file_reader in(path);
     return detail::parse_idx<T, R>(in, path.string());
   } else {
     return {};

@@ -28,10 +28,14 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -168,54 +172,223 @@ class writer {
   std::map<std::string, std::string> meta_;
 };
 
+namespace detail {
+/// Text from a file for a message: control bytes escaped (\xNN), at most 80 bytes
+/// (a name or value of a hostile file may hold NULs, newlines or megabytes).
+inline std::string printable(std::string_view s) {
+  std::string out;
+  const std::size_t keep = s.size() > 80 ? 80 : s.size();
+  for (std::size_t i = 0; i < keep; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (keep < s.size()) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+/// A JSON value for a message, never serialised recursively: scalars as JSON, strings
+/// through printable(), arrays and objects by their size.
+inline std::string describe(const nlohmann::json& j) {
+  if (j.is_string()) return "\"" + printable(j.get_ref<const std::string&>()) + "\"";
+  if (j.is_array()) return "an array of " + std::to_string(j.size()) + " elements";
+  if (j.is_object()) return "an object of " + std::to_string(j.size()) + " members";
+  return j.dump();  // a number, a bool or null: no recursion
+}
+
+/// The largest header io::load reads (the safetensors library's own limit, 100 MB).
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+/// The deepest nesting of arrays and objects io::load parses. A valid header nests 3
+/// deep (header, tensor, shape); the limit keeps hostile files (100000 levels) away
+/// from anything recursive.
+inline constexpr int max_header_depth = 16;
+
+/// Where the header nests deeper than max_header_depth (its byte offset), or npos. A
+/// scan of the raw bytes, brackets counted outside strings, before any parsing.
+inline std::size_t too_deep_at(std::string_view text) noexcept {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_header_depth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced text is the parser's to reject
+    }
+  }
+  return std::string_view::npos;
+}
+
+/// A file read through its descriptor: the size of a regular file is known (fstat);
+/// a FIFO, a character device or a socket is read as its bytes arrive.
+class file_source {
+ public:
+  explicit file_source(std::string path) : path_(std::move(path)) {
+    do fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    while (fd_ < 0 && errno == EINTR);
+    if (fd_ < 0) throw io_error("locus: cannot open checkpoint '" + path_ + "': " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      throw io_error("locus: cannot read the size of '" + path_ + "': " + std::strerror(e));
+    }
+    // A size is known for a regular file; an empty one reads as a stream, so /proc's
+    // files (size 0, yet with content) do too.
+    regular_ = S_ISREG(st.st_mode) && st.st_size > 0;
+    size_ = regular_ ? static_cast<std::uint64_t>(st.st_size) : 0;
+  }
+  file_source(const file_source&) = delete;
+  file_source& operator=(const file_source&) = delete;
+  ~file_source() { ::close(fd_); }
+
+  /// Whether size() is the file's size (a non-empty regular file).
+  [[nodiscard]] bool regular() const noexcept { return regular_; }
+  /// The file's size when regular() (0 otherwise).
+  [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
+
+  /// Reads up to n bytes (fewer only at the end of the file).
+  std::size_t read(void* dst, std::size_t n) {
+    auto* out = static_cast<unsigned char*>(dst);
+    std::size_t done = 0;
+    while (done < n) {
+      const std::size_t want = n - done < (std::size_t{1} << 30) ? n - done : (std::size_t{1} << 30);
+      const ssize_t got = ::read(fd_, out + done, want);
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw io_error("locus: reading '" + path_ + "' failed: " + std::strerror(errno));
+      }
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  }
+
+  /// Exactly n bytes or fewer at the end of the file, into a buffer that grows only as
+  /// bytes arrive: a FIFO that claims 16 GiB and sends 10 bytes costs 64 KiB.
+  std::vector<unsigned char> read_bounded(std::uint64_t n) {
+    std::vector<unsigned char> out;
+    if (regular_) {  // n was checked against the file's size
+      out.resize(static_cast<std::size_t>(n));
+      out.resize(read(out.data(), out.size()));
+      return out;
+    }
+    std::uint64_t chunk = 1u << 16;
+    while (out.size() < n) {
+      const std::size_t at = out.size();
+      const auto want = static_cast<std::size_t>(n - at < chunk ? n - at : chunk);
+      out.resize(at + want);
+      const std::size_t got = read(out.data() + at, want);
+      out.resize(at + got);
+      if (got < want) break;
+      if (chunk < (std::uint64_t{1} << 26)) chunk *= 2;
+    }
+    return out;
+  }
+
+  /// Whether the file ends here (no byte follows).
+  bool at_end() {
+    unsigned char c = 0;
+    return read(&c, 1) == 0;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool regular_ = false;
+  std::uint64_t size_ = 0;
+};
+}  // namespace detail
+
 /// The tensors of one file, on device D.
+///
+/// Keep the archive in a variable while its views are used: get() and flat() of a
+/// temporary (`io::load<D>(p).get<float, 2>("w")`) do not compile, since the views
+/// would point into memory freed at the end of the statement. The members that return
+/// references give a temporary's values by value instead.
 template <Device D>
 class archive {
  public:
   [[nodiscard]] bool contains(const std::string& name) const { return entries_.count(name) != 0; }
-  [[nodiscard]] const tensor_info& info(const std::string& name) const {
+  [[nodiscard]] const tensor_info& info(const std::string& name) const& {
     auto it = entries_.find(name);
-    if (it == entries_.end()) throw io_error("locus: '" + path_ + "' holds no tensor named '" + name + "'");
+    if (it == entries_.end())
+      throw io_error("locus: '" + path_ + "' holds no tensor named '" + detail::printable(name) + "'");
     return it->second;
   }
-  [[nodiscard]] const std::map<std::string, tensor_info>& entries() const noexcept { return entries_; }
-  [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return meta_; }
+  [[nodiscard]] tensor_info info(const std::string& name) const&& { return info(name); }
+  [[nodiscard]] const std::map<std::string, tensor_info>& entries() const& noexcept { return entries_; }
+  [[nodiscard]] std::map<std::string, tensor_info> entries() const&& { return entries_; }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const& noexcept { return meta_; }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const&& { return meta_; }
   [[nodiscard]] std::string metadata(const std::string& key) const {
     auto it = meta_.find(key);
-    if (it == meta_.end()) throw io_error("locus: '" + path_ + "' has no metadata entry '" + key + "'");
+    if (it == meta_.end())
+      throw io_error("locus: '" + path_ + "' has no metadata entry '" + detail::printable(key) + "'");
     return it->second;
   }
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  [[nodiscard]] const std::string& path() const& noexcept { return path_; }
+  [[nodiscard]] std::string path() const&& { return path_; }
 
   /// Tensor `name` as a flat view on D, whatever its rank; io_error if it has another dtype.
   template <class T>
-  [[nodiscard]] tensor_view<const T, D, 1> flat(const std::string& name) const {
+  [[nodiscard]] tensor_view<const T, D, 1> flat(const std::string& name) const& {
     const tensor_info& e = info(name);
-    if (e.dtype != detail::st_dtype<T>())
-      throw io_error("locus: tensor '" + name + "' in '" + path_ + "' is " + e.dtype + ", not " +
-                     detail::st_dtype<T>());
+    check_dtype<T>(name, e);
     return {reinterpret_cast<const T*>(data_.data_handle() + e.offset),
             extents<1>{static_cast<index_t>(e.bytes / sizeof(T))}};
+  }
+  template <class T>
+  tensor_view<const T, D, 1> flat(const std::string&) const&& {
+    static_assert(locus::detail::always_false<T>,
+                  "locus: flat() of a temporary archive would return a view into memory freed at the end of "
+                  "the statement; keep the loaded file in a variable: auto a = locus::io::load<D>(path); "
+                  "auto w = a.flat<T>(name);");
+    return {};
   }
 
   /// Tensor `name` as a view on D; io_error if it has another dtype or rank.
   template <class T, std::size_t R>
-  [[nodiscard]] tensor_view<const T, D, R> get(const std::string& name) const {
+  [[nodiscard]] tensor_view<const T, D, R> get(const std::string& name) const& {
     const tensor_info& e = info(name);
-    if (e.dtype != detail::st_dtype<T>())
-      throw io_error("locus: tensor '" + name + "' in '" + path_ + "' is " + e.dtype + ", not " +
-                     detail::st_dtype<T>());
+    check_dtype<T>(name, e);
     if (e.shape.size() != R)
-      throw io_error("locus: tensor '" + name + "' in '" + path_ + "' has rank " + std::to_string(e.shape.size()) +
-                     " (shape " + e.shape_string() + "), not " + std::to_string(R));
+      throw io_error("locus: tensor '" + detail::printable(name) + "' in '" + path_ + "' has rank " +
+                     std::to_string(e.shape.size()) + " (shape " + e.shape_string() + "), not " + std::to_string(R));
     extents<R> s{};
     for (std::size_t a = 0; a < R; ++a) s[a] = e.shape[a];
     return {reinterpret_cast<const T*>(data_.data_handle() + e.offset), s};
+  }
+  template <class T, std::size_t R>
+  tensor_view<const T, D, R> get(const std::string&) const&& {
+    static_assert(locus::detail::always_false<T>,
+                  "locus: get() of a temporary archive would return a view into memory freed at the end of "
+                  "the statement; keep the loaded file in a variable: auto a = locus::io::load<D>(path); "
+                  "auto w = a.get<T, R>(name);");
+    return {};
   }
 
  private:
   template <Device D2>
   friend archive<D2> load(const std::filesystem::path& path);
+
+  template <class T>
+  void check_dtype(const std::string& name, const tensor_info& e) const {
+    if (e.dtype != detail::st_dtype<T>())
+      throw io_error("locus: tensor '" + detail::printable(name) + "' in '" + path_ + "' is " +
+                     detail::printable(e.dtype) + ", not " + detail::st_dtype<T>());
+  }
 
   std::string path_;
   std::map<std::string, tensor_info> entries_;
@@ -224,133 +397,223 @@ class archive {
 };
 
 /// Reads a safetensors file and places its tensors on D (map_location as a type).
+///
+/// What a file must be, else io_error naming it: a header length of at most 100 MB
+/// that fits the file; a JSON object nested at most 16 deep with no key twice in one
+/// object; string metadata; per tensor a known dtype, non-negative integer extents
+/// and [begin, end] offsets whose span is the shape's byte count; tensors that tile
+/// the data section exactly (no overlaps, no holes, nothing after the last; empty
+/// tensors anywhere inside it); BOOL elements 0 or 1. A regular file's claims are
+/// checked against its size before anything is allocated; any other file (a FIFO, a
+/// device) is read as its bytes arrive, with buffers no larger than what came.
 template <Device D>
 archive<D> load(const std::filesystem::path& path) {
   archive<D> a;
   a.path_ = path.string();
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw io_error("locus: cannot open checkpoint '" + a.path_ + "': " + std::strerror(errno));
-  struct closer {
-    std::FILE* f;
-    ~closer() { std::fclose(f); }
-  } close_guard{f};
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw io_error("locus: cannot read the size of '" + a.path_ + "': " + ec.message());
+  detail::file_source f(a.path_);
+  auto corrupt = [&](const std::string& what) { return io_error("locus: '" + a.path_ + "' is corrupt: " + what); };
+
   unsigned char len[8];
-  if (size < 8 || std::fread(len, 1, 8, f) != 8)
-    throw io_error("locus: '" + a.path_ + "' is truncated: " + std::to_string(size) +
+  const std::size_t got_len = f.read(len, 8);
+  if (got_len < 8)
+    throw io_error("locus: '" + a.path_ + "' is truncated: " + std::to_string(got_len) +
                    " bytes, too short for a safetensors header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(len[i]) << (8 * i);
-  if (n > size - 8)
+  if (n == 0) throw corrupt("its header length is 0; expected a JSON header of at least 2 bytes ({})");
+  if (f.regular() && n > f.size() - 8)
     throw io_error("locus: '" + a.path_ + "' is truncated or corrupt: its header claims " + std::to_string(n) +
-                   " bytes but only " + std::to_string(size - 8) + " follow");
-  std::string text(n, '\0');
-  if (std::fread(text.data(), 1, n, f) != n) throw io_error("locus: '" + a.path_ + "': reading the header failed");
+                   " bytes but only " + std::to_string(f.size() - 8) + " follow");
+  if (n > detail::max_header_bytes)
+    throw corrupt("its header claims " + std::to_string(n) + " bytes, more than the " +
+                  std::to_string(detail::max_header_bytes) + " a safetensors header may have");
+  const std::vector<unsigned char> raw_header = f.read_bounded(n);
+  if (raw_header.size() < n)
+    throw io_error("locus: '" + a.path_ + "' is truncated: its header claims " + std::to_string(n) +
+                   " bytes but only " + std::to_string(raw_header.size()) + " follow");
+  const std::string_view text(reinterpret_cast<const char*>(raw_header.data()), raw_header.size());
+  if (const std::size_t at = detail::too_deep_at(text); at != std::string_view::npos)
+    throw corrupt("its header nests JSON arrays and objects more than " + std::to_string(detail::max_header_depth) +
+                  " deep (at byte " + std::to_string(at) + " of the header); a safetensors header nests 3 deep");
+
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    // Rejects a key that appears twice in one object (nlohmann would keep the last):
+    // which of two "w" entries is the tensor is not for the reader to guess.
+    std::vector<std::set<std::string>> keys;  // per open object
+    header = nlohmann::json::parse(text, [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+      using E = nlohmann::json::parse_event_t;
+      if (ev == E::object_start) {
+        keys.emplace_back();
+      } else if (ev == E::object_end) {
+        if (!keys.empty()) keys.pop_back();
+      } else if (ev == E::key && !keys.empty()) {
+        const auto& k = j.get_ref<const std::string&>();
+        if (!keys.back().insert(k).second)
+          throw corrupt("its header has the key \"" + detail::printable(k) + "\" twice in one object");
+      }
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
-    throw io_error("locus: '" + a.path_ + "' is corrupt: its header is not valid JSON (" + e.what() + ")");
+    throw corrupt(std::string("its header is not valid JSON (") + e.what() + ")");
   }
-  if (!header.is_object()) throw io_error("locus: '" + a.path_ + "' is corrupt: its header is not a JSON object");
-  const std::uint64_t data_size = size - 8 - n;
+  if (!header.is_object()) throw corrupt("its header is " + detail::describe(header) + ", not a JSON object");
 
-  // Lay every tensor out 64-byte aligned in one host buffer, then one copy to D.
-  std::size_t total = 0;
-  std::vector<std::pair<std::string, std::pair<std::uint64_t, std::uint64_t>>> spans;
+  struct span {
+    std::uint64_t begin, end;
+    const std::string* name;
+    tensor_info* info;
+  };
+  std::vector<span> spans;
   try {
     for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string tname = detail::printable(it.key());
+      const auto& v = it.value();
       if (it.key() == "__metadata__") {
-        for (auto m = it.value().begin(); m != it.value().end(); ++m)
-          a.meta_[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
+        if (!v.is_object()) throw corrupt("its __metadata__ is " + detail::describe(v) + ", expected an object of strings");
+        for (auto m = v.begin(); m != v.end(); ++m) {
+          if (!m.value().is_string())
+            throw corrupt("__metadata__ '" + detail::printable(m.key()) + "' is " + detail::describe(m.value()) +
+                          ", expected a string (safetensors metadata maps strings to strings)");
+          a.meta_[m.key()] = m.value().get<std::string>();
+        }
         continue;
       }
-      const auto& v = it.value();
+      if (!v.is_object())
+        throw corrupt("tensor '" + tname + "' is described by " + detail::describe(v) +
+                      ", expected an object with dtype, shape and data_offsets");
+      for (const char* field : {"dtype", "shape", "data_offsets"})
+        if (!v.contains(field)) throw corrupt("tensor '" + tname + "' has no " + field);
+      const auto& dtype = v["dtype"];
+      if (!dtype.is_string()) throw corrupt("tensor '" + tname + "' has dtype " + detail::describe(dtype) + ", expected a string");
       tensor_info e;
-      e.dtype = v.at("dtype").get<std::string>();
+      e.dtype = dtype.get<std::string>();
       const std::size_t es = detail::st_dtype_size(e.dtype);
-      if (es == 0) throw io_error("locus: '" + a.path_ + "': tensor '" + it.key() + "' has unknown dtype " + e.dtype);
+      if (es == 0)
+        throw io_error("locus: '" + a.path_ + "': tensor '" + tname + "' has unknown dtype " + detail::printable(e.dtype));
       // Integers only: nlohmann's get<int64_t>() of 1e30 is a float conversion out of
       // range (undefined behaviour), and of 2^63 a wrap to a negative number.
       auto integer = [&](const nlohmann::json& j, const char* what) -> std::uint64_t {
         if (j.is_number_unsigned()) return j.get<std::uint64_t>();
         if (j.is_number_integer()) {
           const auto x = j.get<std::int64_t>();
-          if (x < 0)
-            throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has a negative " + what +
-                           " (" + std::to_string(x) + ")");
+          if (x < 0) throw corrupt("tensor '" + tname + "' has a negative " + what + " (" + std::to_string(x) + ")");
           return static_cast<std::uint64_t>(x);
         }
-        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has " + what + " " + j.dump() +
-                       ", expected a non-negative integer");
+        throw corrupt("tensor '" + tname + "' has " + what + " " + detail::describe(j) +
+                      ", expected a non-negative integer");
       };
-      const auto& shape = v.at("shape");
+      const auto& shape = v["shape"];
       if (!shape.is_array())
-        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has shape " + shape.dump() +
-                       ", expected an array of extents");
+        throw corrupt("tensor '" + tname + "' has shape " + detail::describe(shape) + ", expected an array of extents");
       std::uint64_t count = 1;
       for (const auto& d : shape) {
         const std::uint64_t x = integer(d, "extent");
         if (x > static_cast<std::uint64_t>(std::numeric_limits<index_t>::max()))
-          throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has an extent too large " +
-                         "for any file (" + std::to_string(x) + ")");
+          throw corrupt("tensor '" + tname + "' has an extent too large for any file (" + std::to_string(x) + ")");
         e.shape.push_back(static_cast<index_t>(x));
         // count * es is compared with the data section's size below: an overflow here
         // would let a corrupt shape pass with a small product.
         if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / es) / x)
-          throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has a shape too large " +
-                         "for any file");
+          throw corrupt("tensor '" + tname + "' has a shape too large for any file");
         count *= x;
       }
-      const auto& offsets = v.at("data_offsets");
+      const auto& offsets = v["data_offsets"];
       if (!offsets.is_array() || offsets.size() != 2)
-        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' has data_offsets " +
-                       offsets.dump() + ", expected [begin, end]");
+        throw corrupt("tensor '" + tname + "' has data_offsets " + detail::describe(offsets) +
+                      ", expected [begin, end]");
       const std::uint64_t begin = integer(offsets[0], "data offset");
       const std::uint64_t end = integer(offsets[1], "data offset");
-      if (begin > end || end > data_size)
-        throw io_error("locus: '" + a.path_ + "' is truncated or corrupt: tensor '" + it.key() + "' spans bytes [" +
-                       std::to_string(begin) + ", " + std::to_string(end) + ") of a " + std::to_string(data_size) +
+      const std::uint64_t limit = f.regular() ? f.size() - 8 - n : std::numeric_limits<std::uint64_t>::max();
+      if (begin > end || end > limit)
+        throw io_error("locus: '" + a.path_ + "' is truncated or corrupt: tensor '" + tname + "' spans bytes [" +
+                       std::to_string(begin) + ", " + std::to_string(end) + ") of a " + std::to_string(limit) +
                        "-byte data section");
       if (end - begin != count * es)
-        throw io_error("locus: '" + a.path_ + "' is corrupt: tensor '" + it.key() + "' of shape " + e.shape_string() +
-                       " and dtype " + e.dtype + " needs " + std::to_string(count * es) + " bytes but spans " +
-                       std::to_string(end - begin));
+        throw corrupt("tensor '" + tname + "' of shape " + e.shape_string() + " and dtype " + e.dtype + " needs " +
+                      std::to_string(count * es) + " bytes but spans " + std::to_string(end - begin));
       e.bytes = static_cast<std::size_t>(end - begin);
-      e.offset = total;
-      total += (e.bytes + 63) / 64 * 64;
-      spans.push_back({it.key(), {begin, end}});
-      a.entries_[it.key()] = std::move(e);
+      auto& slot = a.entries_[it.key()] = std::move(e);
+      spans.push_back({begin, end, &it.key(), &slot});
     }
   } catch (const nlohmann::json::exception& e) {
-    throw io_error("locus: '" + a.path_ + "' is corrupt: " + std::string(e.what()));
+    throw corrupt(e.what());
   }
-  // Tensors may not share bytes (the safetensors format forbids it): without this, a
-  // small file of many tensors spanning the same bytes would make the buffer below
-  // (one copy per tensor) as large as (tensors x data section).
+  // The tensors tile the data section: no two share bytes (without this, a small file
+  // of many tensors spanning the same bytes would make the buffer below, one copy per
+  // tensor, as large as tensors x data section), no byte belongs to none, nothing
+  // follows the last (the safetensors library refuses all three).
+  std::sort(spans.begin(), spans.end(),
+            [](const span& x, const span& y) { return x.begin != y.begin ? x.begin < y.begin : x.end < y.end; });
+  auto range = [](const span& s) { return "[" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ")"; };
+  std::uint64_t data_size = 0;  // where the last tensor ends: the data section's size
   {
-    std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, const std::string*>> order;
-    for (const auto& [name, span] : spans)
-      if (span.second > span.first) order.push_back({span, &name});
-    std::sort(order.begin(), order.end());
-    for (std::size_t i = 1; i < order.size(); ++i)
-      if (order[i].first.first < order[i - 1].first.second)
-        throw io_error("locus: '" + a.path_ + "' is corrupt: tensors '" + *order[i - 1].second + "' (bytes [" +
-                       std::to_string(order[i - 1].first.first) + ", " + std::to_string(order[i - 1].first.second) +
-                       ")) and '" + *order[i].second + "' (bytes [" + std::to_string(order[i].first.first) + ", " +
-                       std::to_string(order[i].first.second) + ")) overlap");
+    std::uint64_t& at = data_size;
+    const span* last = nullptr;
+    for (const span& s : spans) {
+      if (s.begin == s.end) continue;  // an empty tensor holds no bytes
+      if (last && s.begin < at)
+        throw corrupt("tensors '" + detail::printable(*last->name) + "' (bytes " + range(*last) + ") and '" +
+                      detail::printable(*s.name) + "' (bytes " + range(s) + ") overlap");
+      if (s.begin > at)
+        throw corrupt("bytes [" + std::to_string(at) + ", " + std::to_string(s.begin) +
+                      ") of the data section belong to no tensor (the next, '" + detail::printable(*s.name) +
+                      "', starts at " + std::to_string(s.begin) + "); expected tensors that cover it without gaps");
+      at = s.end;
+      last = &s;
+    }
+    if (f.regular() && at != f.size() - 8 - n)
+      throw corrupt("the last " + std::to_string(f.size() - 8 - n - at) + " bytes of its " +
+                    std::to_string(f.size() - 8 - n) + "-byte data section belong to no tensor (they end at byte " +
+                    std::to_string(at) + "); expected the file to end with its last tensor");
+    for (const span& s : spans)
+      if (s.begin == s.end && s.begin > at)
+        throw corrupt("empty tensor '" + detail::printable(*s.name) + "' is placed at byte " +
+                      std::to_string(s.begin) + ", past the " + std::to_string(at) +
+                      "-byte data section its other tensors cover");
   }
-  std::vector<unsigned char> raw(static_cast<std::size_t>(data_size));
-  if (data_size && std::fread(raw.data(), 1, raw.size(), f) != raw.size())
-    throw io_error("locus: '" + a.path_ + "': reading the data section failed");
+
+  // Lay every tensor out 64-byte aligned in one host buffer, then one copy to D. A
+  // file of unknown size is read first (as it arrives), so a header's claims never
+  // size a buffer.
+  std::vector<unsigned char> arrived;
+  if (!f.regular()) {
+    arrived = f.read_bounded(data_size);
+    if (arrived.size() < data_size)
+      throw io_error("locus: '" + a.path_ + "' is truncated: its tensors need a " + std::to_string(data_size) +
+                     "-byte data section but only " + std::to_string(arrived.size()) + " bytes follow the header");
+  }
+  std::size_t total = 0;
+  for (span& s : spans) {
+    s.info->offset = total;
+    total += (s.info->bytes + 63) / 64 * 64;
+  }
   tensor<std::uint8_t, cpu, 1> host(extents<1>{static_cast<index_t>(total)});
-  for (const auto& [name, span] : spans) {
-    const tensor_info& e = a.entries_[name];
-    if (e.bytes) std::memcpy(host.data_handle() + e.offset, raw.data() + span.first, e.bytes);
+  for (const span& s : spans) {  // in file order: one sequential read
+    if (s.begin == s.end) continue;
+    unsigned char* dst = host.data_handle() + s.info->offset;
+    if (f.regular()) {
+      if (f.read(dst, s.info->bytes) != s.info->bytes)
+        throw io_error("locus: '" + a.path_ + "' is truncated: it ended inside tensor '" + detail::printable(*s.name) +
+                       "' (the file shrank while it was read?)");
+    } else {
+      std::memcpy(dst, arrived.data() + s.begin, s.info->bytes);
+    }
   }
-  a.data_ = to<D>(host);
+  if (!f.at_end())
+    throw corrupt("bytes follow the " + std::to_string(data_size) +
+                  "-byte data section its tensors cover; expected the file to end with its last tensor");
+  // A bool is 0 or 1: reading any other byte as a bool is undefined behaviour.
+  for (const span& s : spans) {
+    if (s.info->dtype != "BOOL") continue;
+    const unsigned char* p = host.data_handle() + s.info->offset;
+    for (std::size_t i = 0; i < s.info->bytes; ++i)
+      if (p[i] > 1)
+        throw corrupt("BOOL tensor '" + detail::printable(*s.name) + "' holds byte " + std::to_string(p[i]) +
+                      " at element " + std::to_string(i) + "; a BOOL element is 0 (false) or 1 (true)");
+  }
+  if constexpr (std::is_same_v<D, cpu>) a.data_ = std::move(host);
+  else a.data_ = to<D>(host);
   return a;
 }
 

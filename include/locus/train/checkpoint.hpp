@@ -19,14 +19,19 @@
 // mismatched tensor with both shapes.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,30 +55,6 @@ inline std::string exact(double v) {
   return buf;
 }
 
-/// A number from the checkpoint's __metadata__ (def when absent); a value that is not
-/// a whole number (or a number) is a corrupt file: io_error, not std::invalid_argument.
-template <class T>
-T meta_number(const std::map<std::string, std::string>& m, const std::string& k, T def, const std::string& path) {
-  auto it = m.find(k);
-  if (it == m.end()) return def;
-  std::size_t used = 0;
-  T v{};
-  try {
-    if constexpr (std::is_integral_v<T>) v = static_cast<T>(std::stoll(it->second, &used));
-    else v = static_cast<T>(std::stod(it->second, &used));
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
-  if (used == 0 || used != it->second.size())
-    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + it->second +
-                   "', not a number");
-  if constexpr (std::is_floating_point_v<T>)
-    if (!std::isfinite(v))
-      throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + it->second +
-                     "', not a finite number");
-  return v;
-}
-
 /// The largest step or epoch count a checkpoint may hold: far beyond any run, and far
 /// enough from INT64_MAX that counting on cannot overflow.
 inline constexpr std::int64_t max_count = std::int64_t{1} << 62;
@@ -86,9 +67,75 @@ inline std::int64_t checked_count(std::int64_t v, const std::string& what, const
   return v;
 }
 
-/// A counter from __metadata__ (0 when absent): a whole number in [0, max_count].
+/// s as a whole number written in decimal digits and nothing else (no sign, no space,
+/// no exponent): what std::to_string wrote. nullopt when it is not one or exceeds
+/// UINT64_MAX. std::stoll would take " 5" and "-5" (and wrap "-5" in a u64 counter).
+inline std::optional<std::uint64_t> decimal_digits(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  for (const char c : s)
+    if (c < '0' || c > '9') return std::nullopt;
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// A counter from __metadata__ (0 when absent): decimal digits of a count in
+/// [0, max_count] ("-3" is said to be -3, outside the range; " 5" is not a number).
 inline std::int64_t meta_count(const std::map<std::string, std::string>& m, const std::string& k, const std::string& path) {
-  return checked_count(meta_number<std::int64_t>(m, k, 0, path), "__metadata__ '" + k + "'", path);
+  auto it = m.find(k);
+  if (it == m.end()) return 0;
+  const std::string& text = it->second;
+  const bool minus = !text.empty() && text[0] == '-';
+  const std::string digits = minus ? text.substr(1) : text;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + io::detail::printable(text) +
+                   "', not a number written in decimal digits");
+  const auto v = decimal_digits(digits);  // nullopt: beyond UINT64_MAX
+  if (minus || !v || *v > static_cast<std::uint64_t>(max_count))
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is " + io::detail::printable(text) +
+                   ", expected a count in [0, 2^62]");
+  return static_cast<std::int64_t>(*v);
+}
+
+/// A dropout layer's RNG counter from __metadata__ (0 when absent): decimal digits of
+/// any u64.
+inline std::uint64_t meta_counter(const std::map<std::string, std::string>& m, const std::string& k, const std::string& path) {
+  auto it = m.find(k);
+  if (it == m.end()) return 0;
+  const auto v = decimal_digits(it->second);
+  if (!v)
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" +
+                   io::detail::printable(it->second) + "', expected an RNG counter in decimal digits in [0, 2^64)");
+  return *v;
+}
+
+/// A finite double from __metadata__ (def when absent), as exact() wrote it: no
+/// leading space or '+', no hexadecimal, inf or nan.
+inline double meta_real(const std::map<std::string, std::string>& m, const std::string& k, double def, const std::string& path) {
+  auto it = m.find(k);
+  if (it == m.end()) return def;
+  const std::string& text = it->second;
+  double v = 0.0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + io::detail::printable(text) +
+                   "', not a number");
+  if (!std::isfinite(v))
+    throw io_error("locus: '" + path + "' is corrupt: __metadata__ '" + k + "' is '" + io::detail::printable(text) +
+                   "', not a finite number");
+  return v;
+}
+
+/// A name the trainer wrote (policy, optimizer, format) must be this trainer's when
+/// the file has it: a checkpoint of another policy or optimizer is refused by name,
+/// before its tensors are compared.
+inline void meta_name(const std::map<std::string, std::string>& m, const std::string& k, std::string_view want,
+                      const std::string& path, const char* fix) {
+  auto it = m.find(k);
+  if (it == m.end() || it->second == want) return;
+  throw io_error("locus: checkpoint '" + path + "' was saved with " + k + " '" + io::detail::printable(it->second) +
+                 "' but this trainer's " + k + " is '" + std::string(want) + "'; " + fix);
 }
 
 /// The grad scaler's [scale, growth_tracker, skipped] as saved, checked by the scaler's
@@ -139,9 +186,71 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
   w.save(path);
 }
 
-/// Restores a trainer from an archive on its device; returns the epochs finished.
+namespace detail {
+// Prevents: a candidate list ("no matching function") for a checkpoint loaded onto
+// another device than the trainer's model (A: the archive's device, T: the trainer's).
+// Written out per pair, as rules_train.hpp's rules are, so the message names both.
+template <class A, class T>
+constexpr bool require_archive_on_trainer_device() {
+  if constexpr (std::is_same_v<A, T>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<T, pinned>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto cpu but the trainer's model lives on pinned; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::pinned>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else if constexpr (std::is_same_v<A, cpu> && std::is_same_v<T, cuda>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto cpu but the trainer's model lives on cuda; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::cuda>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<T, cpu>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto pinned but the trainer's model lives on cpu; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::cpu>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else if constexpr (std::is_same_v<A, pinned> && std::is_same_v<T, cuda>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto pinned but the trainer's model lives on cuda; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::cuda>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<T, cpu>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto cuda but the trainer's model lives on cpu; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::cpu>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else if constexpr (std::is_same_v<A, cuda> && std::is_same_v<T, pinned>) {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto cuda but the trainer's model lives on pinned; load it where the model lives: locus::train::load_checkpoint(locus::io::load<locus::pinned>(path), t), or locus::train::resume(path, t)");
+    return false;
+  } else {
+    static_assert(locus::detail::always_false<A>, "locus: the checkpoint was loaded onto another device than the trainer's model; load it with locus::io::load<D>(path), D the model's device, or call locus::train::resume(path, t)");
+    return false;
+  }
+}
+
 template <class Trainer>
-std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Trainer& t) {
+std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& t);
+}  // namespace detail
+
+/// Restores a trainer from an archive on its device; returns the epochs finished.
+/// An archive loaded onto another device does not compile (the message names both);
+/// a file of another model is shape_error listing every mismatch; anything else wrong
+/// (a corrupt file, another policy or optimizer, state of the wrong dtype or size) is
+/// io_error. A failed load changes nothing in the trainer.
+template <Device AD, class Trainer>
+std::int64_t load_checkpoint(const io::archive<AD>& a, Trainer& t) {
+  static_assert(!std::is_const_v<Trainer>,
+                "locus: load_checkpoint writes the checkpoint into the trainer, but this one is const; pass "
+                "a non-const trainer");
+  if constexpr (!std::is_const_v<Trainer> &&
+                detail::require_archive_on_trainer_device<AD, typename Trainer::device>())
+    return detail::load_into<Trainer>(a, t);
+  else
+    return 0;
+}
+
+/// Anything but an io::archive: a path is resume()'s.
+template <class NotArchive, class Trainer>
+std::int64_t load_checkpoint(const NotArchive&, Trainer&) {
+  static_assert(locus::detail::always_false<NotArchive>,
+                "locus: load_checkpoint takes a loaded file, locus::io::archive<D> (from locus::io::load<D>(path)); "
+                "to load a checkpoint from a path write locus::train::resume(path, t)");
+  return 0;
+}
+
+namespace detail {
+template <class Trainer>
+std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& t) {
   using D = typename Trainer::device;
   using P = typename Trainer::policy;
   using M = typename P::master;
@@ -163,7 +272,9 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
     if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
     bool known = false;
     for (const auto& e : entries) known = known || e.name == name;
-    if (!known) mismatches += "\n  " + name + ": checkpoint " + f.shape_string() + ", model has no such parameter";
+    if (!known)
+      mismatches += "\n  " + io::detail::printable(name) + ": checkpoint " + f.shape_string() +
+                    ", model has no such parameter";
   }
   if (!mismatches.empty())
     throw shape_error("locus: checkpoint '" + a.path() + "' was saved from a model of another shape:" + mismatches);
@@ -171,13 +282,20 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   // The counters, read (and checked) before anything in the trainer changes.
   const auto& meta = a.metadata();
   const std::string& path = a.path();
+  detail::meta_name(meta, "format", "locus-checkpoint-1", path,
+                    "this version of locus reads locus-checkpoint-1 files");
+  detail::meta_name(meta, "policy", P::name, path,
+                    "resume with the precision policy the checkpoint was saved with");
+  detail::meta_name(meta, "optimizer", Trainer::optimizer_kind, path,
+                    "resume with the optimizer the checkpoint was saved with");
+  if (meta.count("seed")) (void)detail::meta_counter(meta, "seed", path);
   std::map<std::size_t, std::uint64_t> rng;
   model.for_each_layer([&](std::size_t i, auto& layer) {
     if constexpr (requires { layer.set_counter(std::uint64_t{}); })
-      rng[i] = static_cast<std::uint64_t>(detail::meta_number<std::int64_t>(meta, "rng." + std::to_string(i), 0, path));
+      rng[i] = detail::meta_counter(meta, "rng." + std::to_string(i), path);
   });
-  const double base_lr = detail::meta_number<double>(meta, "base_lr", t.base_lr(), path);
-  const double lr = detail::meta_number<double>(meta, "lr", t.optimizer().lr(), path);
+  const double base_lr = detail::meta_real(meta, "base_lr", t.base_lr(), path);
+  const double lr = detail::meta_real(meta, "lr", t.optimizer().lr(), path);
   // The update kernels take the rate as a float: 1e300 would step by inf.
   for (const auto& [key, v] : {std::pair{"base_lr", base_lr}, std::pair{"lr", lr}})
     if (!(v >= 0.0 && v <= static_cast<double>(std::numeric_limits<float>::max())))
@@ -205,7 +323,8 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   auto expect = [&](const std::string& key, const char* dtype, const std::vector<index_t>& shape) {
     const io::tensor_info& f = a.info(key);
     if (f.dtype != dtype || f.shape != shape)
-      throw io_error("locus: checkpoint '" + a.path() + "' is corrupt: tensor '" + key + "' is " + f.dtype + " " +
+      throw io_error("locus: checkpoint '" + a.path() + "' is corrupt: tensor '" + key + "' is " +
+                     io::detail::printable(f.dtype) + " " +
                      f.shape_string() + ", expected " + dtype + " " + io::detail::shape_text(shape));
   };
   for (const auto& e : entries) expect(e.name, io::detail::st_dtype<M>(), e.shape);
@@ -239,6 +358,7 @@ std::int64_t load_checkpoint(const io::archive<typename Trainer::device>& a, Tra
   t.restore_counters(micro_steps, optimizer_steps, epoch, base_lr);
   return epoch;
 }
+}  // namespace detail
 
 /// load_checkpoint(io::load<D>(path), t) with D the trainer's device: the checkpoint's
 /// tensors go straight to where the model lives.
