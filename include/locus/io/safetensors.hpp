@@ -346,7 +346,7 @@ class archive {
   [[nodiscard]] tensor_view<const T, D, 1> flat(const std::string& name) const& {
     const tensor_info& e = info(name);
     check_dtype<T>(name, e);
-    return {reinterpret_cast<const T*>(data_.data_handle() + e.offset),
+    return {::locus::detail::raw_view_key{}, reinterpret_cast<const T*>(data_.data_handle() + e.offset),
             extents<1>{static_cast<index_t>(e.bytes / sizeof(T))}};
   }
   template <class T>
@@ -368,7 +368,7 @@ class archive {
                      std::to_string(e.shape.size()) + " (shape " + e.shape_string() + "), not " + std::to_string(R));
     extents<R> s{};
     for (std::size_t a = 0; a < R; ++a) s[a] = e.shape[a];
-    return {reinterpret_cast<const T*>(data_.data_handle() + e.offset), s};
+    return {::locus::detail::raw_view_key{}, reinterpret_cast<const T*>(data_.data_handle() + e.offset), s};
   }
   template <class T, std::size_t R>
   tensor_view<const T, D, R> get(const std::string&) const&& {

@@ -44,8 +44,8 @@ namespace detail {
 /// A flat device range reshaped to a parameter's shape (rank 1 or 2), given to f.
 template <class T, class D, class F>
 void with_param_shape(T* base, const nn::parameter_info& e, F&& f) {
-  if (e.shape.size() == 2) f(tensor_view<T, D, 2>(base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
-  else f(tensor_view<T, D, 1>(base + e.offset, extents<1>{e.numel}));
+  if (e.shape.size() == 2) f(tensor_view<T, D, 2>(::locus::detail::raw_view_key{}, base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
+  else f(tensor_view<T, D, 1>(::locus::detail::raw_view_key{}, base + e.offset, extents<1>{e.numel}));
 }
 
 /// A double as text that reads back to the same double.
@@ -345,7 +345,7 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
   t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
     for (const auto& e : entries)
       copy(a.template flat<float>(std::string("optimizer.") + name + "." + e.name),
-           tensor_view<float, D, 1>(flat.data_handle() + e.offset, extents<1>{e.numel}));
+           tensor_view<float, D, 1>(::locus::detail::raw_view_key{}, flat.data_handle() + e.offset, extents<1>{e.numel}));
   });
   copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
   if constexpr (Trainer::has_scaler) t.scaler()->load_state_dict(std::as_const(scaler_state).view());
