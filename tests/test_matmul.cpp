@@ -175,7 +175,7 @@ TEST_CASE("linear_into and matmul_into with strided host destinations") {
   CHECK(rel_error(got, ref) <= 1e-5);
   // A column block of a wider tensor: row stride 2m (BLAS ldc), columns left of it untouched.
   auto wide = locus::full<float, locus::cpu>({n, 2 * m}, 5.0f);
-  locus::tensor_view<float, locus::cpu, 2> right(wide.data() + m, {n, m}, {2 * m, 1});
+  locus::tensor_view<float, locus::cpu, 2> right = locus::unsafe_view<locus::cpu>(wide.data() + m, {n, m}, {2 * m, 1});
   locus::linear_into(right, x, w, b, locus::activation::gelu);
   got.clear();
   for (index_t i = 0; i < n; ++i)
@@ -186,7 +186,7 @@ TEST_CASE("linear_into and matmul_into with strided host destinations") {
   CHECK(rel_error(got, ref) <= 1e-5);
   // bf16 inputs with a strided (broadcast-free) bias view: every other element.
   auto bias2 = locus::randn<float, locus::cpu>({2 * m}, 804);
-  locus::tensor_view<const float, locus::cpu, 1> every_other(bias2.data(), {m}, {2});
+  locus::tensor_view<const float, locus::cpu, 1> every_other = locus::unsafe_view<locus::cpu>(bias2.data(), {m}, {2});
   auto y = locus::linear(x, w, every_other, locus::activation::relu);
   std::vector<double> bvals;
   for (index_t j = 0; j < m; ++j) bvals.push_back(every_other(j));

@@ -12,6 +12,7 @@
 #include "core/environment.hpp"
 #include "core/with_device.hpp"
 #include "tensor/tensor.hpp"
+#include "tensor/print.hpp"
 #include "transfer/copy.hpp"
 #include "tensor/factories.hpp"
 #include "ops/math.hpp"

@@ -2,7 +2,7 @@
 // Rule: no hidden deep copies: tensor is move-only.
 #include <locus/transfer/copy.hpp>
 
-locus::tensor<float, locus::cpu, 1> f(const locus::tensor<float, locus::cpu, 1>& a) {
+locus::tensor<float, locus::cpu, 1> f(locus::tensor<float, locus::cpu, 1>& a) {
 #ifdef LOCUS_VIOLATION
   locus::tensor<float, locus::cpu, 1> b = a;
 #else

@@ -1,4 +1,4 @@
-// expect: error: .*locus: matmul_into destination is a view of const elements; pass a tensor or a mutable tensor_view
+// expect: error: .*locus: matmul_into destination is const \(a const tensor or a view of const elements\); pass a mutable tensor or tensor_view
 // Rule: a view of const elements is read-only: matmul_into does not write through it.
 #include <locus/ops/matmul.hpp>
 

@@ -2,7 +2,7 @@
 // Rule: no hidden deep copies: copy assignment does not compile either.
 #include <locus/transfer/copy.hpp>
 
-void f(locus::tensor<float, locus::cpu, 1>& t, const locus::tensor<float, locus::cpu, 1>& u) {
+void f(locus::tensor<float, locus::cpu, 1>& t, locus::tensor<float, locus::cpu, 1>& u) {
 #ifdef LOCUS_VIOLATION
   t = u;
 #else

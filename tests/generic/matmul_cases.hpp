@@ -42,7 +42,7 @@ locus::tensor_view<const T, locus::cpu, R> mirror(const locus::tensor<T, locus::
                                                    const locus::tensor<T, D, RB>& device_base,
                                                    const locus::tensor_view<U, D, R>& v) {
   const auto offset = v.data_handle() - device_base.data_handle();
-  return {host_base.data_handle() + offset, v.shape(), v.strides()};
+  return locus::unsafe_view<locus::cpu>(host_base.data_handle() + offset, v.shape(), v.strides());
 }
 
 /// Double-precision reference of a rank-2 or rank-3 product of host views.
@@ -187,10 +187,10 @@ TEST_CASE_TEMPLATE("matmul: transposed and strided operands need no contiguous c
     // Every other column of a wider matrix: neither stride is 1, so it is copied first.
     auto wide = locus::randn<float, D>({m, 2 * k}, 35);
     const auto hwide = locus::to<locus::cpu>(wide);
-    locus::tensor_view<const float, D, 2> every_other(wide.data_handle() + 1, {m, k}, {2 * k, 2});
+    locus::tensor_view<const float, D, 2> every_other = locus::unsafe_view<D>(wide.data_handle() + 1, {m, k}, {2 * k, 2});
     CHECK(rel_error(doubles(locus::matmul(every_other, b)), reference(mirror(hwide, wide, every_other), hb.view())) <= 1e-5);
     // A column block of a wider matrix: unit column stride, row stride 2k (BLAS lda).
-    locus::tensor_view<const float, D, 2> block(wide.data_handle() + 3, {m, k}, {2 * k, 1});
+    locus::tensor_view<const float, D, 2> block = locus::unsafe_view<D>(wide.data_handle() + 3, {m, k}, {2 * k, 1});
     CHECK(rel_error(doubles(locus::matmul(block, b)), reference(mirror(hwide, wide, block), hb.view())) <= 1e-5);
   }
 }

@@ -32,14 +32,14 @@ std::vector<double> host_values(const locus::tensor_view<T, D, R>& v) {
 /// Overwrites element i of a device buffer of doubles (through the host).
 template <class D>
 void set_element(double* device_ptr, index_t n, index_t i, double value) {
-  locus::tensor_view<double, D, 1> v(device_ptr, locus::extents<1>{n});
+  locus::tensor_view<double, D, 1> v = locus::unsafe_view<D>(device_ptr, locus::extents<1>{n});
   auto h = locus::to<locus::cpu>(v);
   h(i) = value;
   locus::copy(h, v);
 }
 template <class D>
 double get_element(const double* device_ptr, index_t n, index_t i) {
-  locus::tensor_view<const double, D, 1> v(device_ptr, locus::extents<1>{n});
+  locus::tensor_view<const double, D, 1> v = locus::unsafe_view<D>(device_ptr, locus::extents<1>{n});
   return locus::to<locus::cpu>(v)(i);
 }
 

@@ -1502,4 +1502,441 @@ constexpr bool require_scalar_dtype() {
     return false;
   }
 }
+
+// Prevents: a pointer to GPU memory typed as host memory by a view conversion (S: source, T: target view).
+template <class S, class T>
+constexpr bool require_view_device() {
+  if constexpr (std::is_same_v<S, T>) {
+    return true;
+  } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<T, pinned>) {
+    static_assert(always_false<S>, "locus: a view of cpu memory cannot be a view of pinned memory; transfers are explicit: auto h = locus::to<locus::pinned>(x); then use h (or h.view())");
+    return false;
+  } else if constexpr (std::is_same_v<S, cpu> && std::is_same_v<T, cuda>) {
+    static_assert(always_false<S>, "locus: a view of cpu memory cannot be a view of cuda memory; transfers are explicit: auto h = locus::to<locus::cuda>(x); then use h (or h.view())");
+    return false;
+  } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<T, cpu>) {
+    static_assert(always_false<S>, "locus: a view of pinned memory cannot be a view of cpu memory; transfers are explicit: auto h = locus::to<locus::cpu>(x); then use h (or h.view())");
+    return false;
+  } else if constexpr (std::is_same_v<S, pinned> && std::is_same_v<T, cuda>) {
+    static_assert(always_false<S>, "locus: a view of pinned memory cannot be a view of cuda memory; transfers are explicit: auto h = locus::to<locus::cuda>(x); then use h (or h.view())");
+    return false;
+  } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<T, cpu>) {
+    static_assert(always_false<S>, "locus: a view of cuda memory cannot be a view of cpu memory; transfers are explicit: auto h = locus::to<locus::cpu>(x); then use h (or h.view())");
+    return false;
+  } else if constexpr (std::is_same_v<S, cuda> && std::is_same_v<T, pinned>) {
+    static_assert(always_false<S>, "locus: a view of cuda memory cannot be a view of pinned memory; transfers are explicit: auto h = locus::to<locus::pinned>(x); then use h (or h.view())");
+    return false;
+  } else {
+    static_assert(always_false<S>, "locus: a view of one device's memory cannot be a view of another's; write locus::to<D>(x)");
+    return false;
+  }
+}
+
+// Prevents: reinterpreting elements by a view conversion (A: source, B: target view).
+template <class A0, class B0>
+constexpr bool require_view_dtype() {
+  using A = std::remove_cv_t<A0>;
+  using B = std::remove_cv_t<B0>;
+  if constexpr (std::is_same_v<A, B>) {
+    return true;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of f32 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, double> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of f64 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int32_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of i32 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::int64_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of i64 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, std::uint8_t> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of u8 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, bool> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of bool elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::f16> && std::is_same_v<B, ::locus::bf16>) {
+    static_assert(always_false<A>, "locus: a view of f16 elements cannot be a view of bf16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::bf16>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, float>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of f32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, double>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of f64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int32_t>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of i32 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i32>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::int64_t>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of i64 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::i64>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, std::uint8_t>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of u8 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::u8>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, bool>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of bool elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<bool>(x))");
+    return false;
+  } else if constexpr (std::is_same_v<A, ::locus::bf16> && std::is_same_v<B, ::locus::f16>) {
+    static_assert(always_false<A>, "locus: a view of bf16 elements cannot be a view of f16 elements; views never reinterpret memory: make a converted tensor with locus::eval(locus::cast<locus::f16>(x))");
+    return false;
+  } else {
+    static_assert(always_false<A>, "locus: a view of one dtype cannot be a view of another; convert with locus::eval(locus::cast<T>(x))");
+    return false;
+  }
+}
+
+// Prevents: a view of another rank by conversion (A: source, B: target view).
+template <std::size_t A, std::size_t B>
+constexpr bool require_view_rank() {
+  if constexpr (A == B) {
+    return true;
+  } else if constexpr (A == 0 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 0 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-0 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 1 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-1 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 2 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-2 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 3 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-3 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 4 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-4 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 5 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-5 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else if constexpr (A == 6 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-6 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 7 && B == 8) {
+    static_assert(always_false_v<A>, "locus: a rank-7 tensor or view cannot be a rank-8 view; write x.reshape({...}) with 8 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 0) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-0 view; write x.reshape({...}) with 0 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 1) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-1 view; write x.reshape({...}) with 1 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 2) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-2 view; write x.reshape({...}) with 2 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 3) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-3 view; write x.reshape({...}) with 3 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 4) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-4 view; write x.reshape({...}) with 4 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 5) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-5 view; write x.reshape({...}) with 5 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 6) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-6 view; write x.reshape({...}) with 6 extents");
+    return false;
+  } else if constexpr (A == 8 && B == 7) {
+    static_assert(always_false_v<A>, "locus: a rank-8 tensor or view cannot be a rank-7 view; write x.reshape({...}) with 7 extents");
+    return false;
+  } else {
+    static_assert(always_false_v<A>, "locus: a view of another rank; write x.reshape({...})");
+    return false;
+  }
+}
 }  // namespace locus::detail

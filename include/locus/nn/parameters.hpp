@@ -103,28 +103,28 @@ class parameter_store {
   /// Parameter i as a view of rank R (its declared rank).
   template <std::size_t R>
   [[nodiscard]] tensor_view<master_type, D, R> master(std::size_t i) noexcept {
-    return {master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
   }
   template <std::size_t R>
   [[nodiscard]] tensor_view<master_type, D, R> grad(std::size_t i) noexcept {
-    return {grad_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i)};
   }
   template <std::size_t R>
   [[nodiscard]] tensor_view<const compute_type, D, R> compute(std::size_t i) const noexcept {
     const compute_type* base;
     if constexpr (separate_compute) base = compute_.data_handle();
     else base = master_.data_handle();
-    return {base + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, base + entries_[i].offset, shape_of<R>(i)};
   }
   /// Parameter i's master weights and gradient as flat views.
   [[nodiscard]] tensor_view<master_type, D, 1> master_flat(std::size_t i) noexcept {
-    return {master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
   [[nodiscard]] tensor_view<const master_type, D, 1> master_flat(std::size_t i) const noexcept {
-    return {master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
   [[nodiscard]] tensor_view<master_type, D, 1> grad_flat(std::size_t i) noexcept {
-    return {grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
 
   /// The compute copy from the master weights (one pass; nothing for fp32 and fp64).

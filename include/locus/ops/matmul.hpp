@@ -520,7 +520,7 @@ void cuda_gemm_engine(const gemm_operand<O>& c, const tensor_view<const T, D, R>
   }
   tensor<O, D, 1> bias_copy;
   if (bias.p && bias.stride != 1 && d.n > 1) {
-    bias_copy = cuda_contiguous(tensor_view<const O, D, 1>(bias.p, extents<1>{d.n}, extents<1>{bias.stride}),
+    bias_copy = cuda_contiguous(tensor_view<const O, D, 1>(raw_view_key{}, bias.p, extents<1>{d.n}, extents<1>{bias.stride}),
                                 "a strided bias");
     bias = {bias_copy.data_handle(), 1};
   }
@@ -610,7 +610,7 @@ tensor_view<T, D, R> swap_last_axes(const tensor_view<T, D, R>& v) noexcept {
   extents<R> s = v.shape(), st = v.strides();
   std::swap(s[R - 1], s[R - 2]);
   std::swap(st[R - 1], st[R - 2]);
-  return {v.data_handle(), s, st};
+  return {raw_view_key{}, v.data_handle(), s, st};
 }
 
 }  // namespace detail
@@ -717,10 +717,11 @@ void matmul_into_impl(C&& c, const A& a, const B& b, bool accum) {
   } else {
     using tc = detail::tensor_traits<XC>;
     using O = typename tc::value_type;
-    if constexpr (std::is_const_v<typename tc::element_type>) {
+    if constexpr (std::is_const_v<typename tc::element_type> ||
+                  (tc::is_tensor && std::is_const_v<std::remove_reference_t<C>>)) {
       static_assert(detail::always_false<C>,
-                    "locus: matmul_into destination is a view of const elements; pass a tensor or "
-                    "a mutable tensor_view");
+                    "locus: matmul_into destination is const (a const tensor or a view of const "
+                    "elements); pass a mutable tensor or tensor_view");
     } else if constexpr (detail::check_matmul<A, B, O>()) {
       using ta = detail::tensor_traits<std::remove_cvref_t<A>>;
       if constexpr (detail::require_same_operand_device<typename ta::device, typename tc::device>() &&
@@ -778,10 +779,11 @@ void linear_into_impl(Y&& y, const X& x, const W& w, const Bv* b, activation act
   } else {
     using ty = tensor_traits<XY>;
     using O = typename ty::value_type;
-    if constexpr (std::is_const_v<typename ty::element_type>) {
+    if constexpr (std::is_const_v<typename ty::element_type> ||
+                  (ty::is_tensor && std::is_const_v<std::remove_reference_t<Y>>)) {
       static_assert(always_false<Y>,
-                    "locus: linear_into destination is a view of const elements; pass a tensor or "
-                    "a mutable tensor_view");
+                    "locus: linear_into destination is const (a const tensor or a view of const "
+                    "elements); pass a mutable tensor or tensor_view");
     } else if constexpr (check_linear<X, W, Bv, O, HasBias>()) {
       using tx = tensor_traits<std::remove_cvref_t<X>>;
       if constexpr (require_same_operand_device<typename tx::device, typename ty::device>() &&

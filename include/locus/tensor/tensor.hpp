@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -95,6 +96,48 @@ extents<R2> checked_reshape(const extents<R>& from, const extents<R2>& to, bool 
   return to;
 }
 
+/// The message for anything that would point into a temporary tensor (a macro: a
+/// static_assert message must be a string literal).
+#define LOCUS_TEMPORARY_VIEW_MESSAGE(what)                                                     \
+  "locus: " what " of a temporary tensor would dangle: the tensor is freed at the end of "    \
+  "the statement; keep it in a variable first: auto t = ...; then use t.view(), t.slice(), "  \
+  "t.reshape() or t.span()"
+
+#define LOCUS_RAW_POINTER_MESSAGE                                                               \
+  "locus: a raw pointer becomes a view only through locus::unsafe_view<D>(p, shape) (or "     \
+  "unsafe_view<D>(p, shape, strides)), where the caller vouches that p is memory of device D; " \
+  "a view of a locus tensor is t.view(), t.slice() or t.reshape()"
+
+#define LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE(what)                                                \
+  "locus: " what "() takes no device argument: whether host code may read the memory is "    \
+  "decided by the tensor's own device; on cpu or pinned write t." what "(), on cuda copy "    \
+  "first: auto h = locus::to<locus::cpu>(t); h." what "()"
+
+/// The passkey of tensor_view's raw-pointer constructors: locus's own code builds views
+/// of memory it allocated through detail::raw_view; users go through locus::unsafe_view.
+struct raw_view_key {
+  explicit raw_view_key() = default;
+};
+
+/// Whether a view of U on D2 of rank R2 converts to a view of T on D of rank R: the
+/// same memory with the same or added constness.
+template <class U, class D2, std::size_t R2, class T, class D, std::size_t R>
+inline constexpr bool view_converts =
+    std::is_same_v<D2, D> && R2 == R && (std::is_same_v<U, T> || std::is_same_v<const U, T>);
+
+/// The compile error of a view conversion that does not exist: device, then dtype,
+/// then rank, then constness (the first that differs names the fix).
+template <class U, class D2, std::size_t R2, class T, class D, std::size_t R>
+constexpr void reject_view_conversion() {
+  if constexpr (require_view_device<D2, D>() &&
+                require_view_dtype<std::remove_cv_t<U>, std::remove_cv_t<T>>() &&
+                require_view_rank<R2, R>()) {
+    static_assert(always_false<U>,
+                  "locus: a view of const elements does not convert to a mutable view; take "
+                  "locus::tensor_view<const T, D, R>, or view a non-const tensor");
+  }
+}
+
 inline void check_slice(index_t begin, index_t end, index_t extent) {
   if (begin < 0 || end < begin || end > extent)
     throw shape_error("locus: slice [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -124,16 +167,68 @@ class tensor_view {
   static constexpr std::size_t rank = R;
 
   tensor_view() noexcept = default;
-  tensor_view(T* data, const extents<R>& shape, const extents<R>& strides) noexcept
+  /// Raw pointers enter only through locus::unsafe_view<D>(p, shape) (the key is
+  /// locus's own): an ordinary constructor would let any pointer be typed as any device.
+  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape, const extents<R>& strides) noexcept
       : data_(data), shape_(shape), strides_(strides) {}
-  tensor_view(T* data, const extents<R>& shape) noexcept
+  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape) noexcept
       : data_(data), shape_(shape), strides_(detail::contiguous_strides(shape)) {}
+
+  // Prevents: any pointer typed as any device by an ordinary constructor
+  // (tensor_view<float, cpu, 1>(cuda_tensor.data_handle(), {4})).
+  template <class P>
+  tensor_view(P*, const extents<R>&) {
+    static_assert(detail::always_false<P>, LOCUS_RAW_POINTER_MESSAGE);
+  }
+  template <class P>
+  tensor_view(P*, const extents<R>&, const extents<R>&) {
+    static_assert(detail::always_false<P>, LOCUS_RAW_POINTER_MESSAGE);
+  }
 
   /// A view of T converts to a view of const T.
   template <class U>
     requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
   tensor_view(const tensor_view<U, D, R>& other) noexcept
       : data_(other.data_handle()), shape_(other.shape()), strides_(other.strides()) {}
+
+  /// A view of another device, dtype, rank or constness does not convert: a compile
+  /// error that names the transfer, cast or reshape to write (a candidate list otherwise).
+  template <class U, class D2, std::size_t R2>
+    requires(!detail::view_converts<U, D2, R2, T, D, R>)
+  tensor_view(const tensor_view<U, D2, R2>&) {
+    detail::reject_view_conversion<U, D2, R2, T, D, R>();
+  }
+
+  /// A view of a tensor (what t.view() returns): tensor<T> gives tensor_view<T> or
+  /// tensor_view<const T>, a const tensor only tensor_view<const T>.
+  template <class U>
+    requires std::is_same_v<U, value_type>
+  tensor_view(tensor<U, D, R>& t) noexcept
+      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())) {}
+  template <class U>
+    requires std::is_same_v<const U, T>
+  tensor_view(const tensor<U, D, R>& t) noexcept
+      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())) {}
+  template <class U>
+    requires std::is_same_v<U, T>
+  tensor_view(const tensor<U, D, R>&) {
+    static_assert(detail::always_false<U>,
+                  "locus: a const tensor gives a read-only view, not a mutable one; write "
+                  "locus::tensor_view<const T, D, R> v = t; (or auto v = t.view();), or drop the "
+                  "const from the tensor");
+  }
+  // Prevents: a view of a temporary, freed at the end of the statement.
+  template <class U>
+    requires std::is_same_v<U, value_type>
+  tensor_view(const tensor<U, D, R>&&) {
+    static_assert(detail::always_false<U>, LOCUS_TEMPORARY_VIEW_MESSAGE("a tensor_view"));
+  }
+  /// A tensor of another device, dtype or rank: the compile error of view conversions.
+  template <class U, class D2, std::size_t R2>
+    requires(!(std::is_same_v<D2, D> && R2 == R && std::is_same_v<U, value_type>))
+  tensor_view(const tensor<U, D2, R2>&) {
+    detail::reject_view_conversion<U, D2, R2, T, D, R>();
+  }
 
   [[nodiscard]] const extents<R>& shape() const noexcept { return shape_; }
   [[nodiscard]] const extents<R>& strides() const noexcept { return strides_; }
@@ -157,18 +252,17 @@ class tensor_view {
   /// cuda): for interop with other libraries, never for host reads of GPU memory.
   [[nodiscard]] T* data_handle() const noexcept { return data_; }
 
-  /// Host pointer to the first element. Host-accessible devices only.
-  template <class Dev = D>
+  /// Host pointer to the first element. Host-accessible devices only (the view's own
+  /// device decides: there is no parameter a caller could set).
   [[nodiscard]] T* data() const noexcept {
-    if constexpr (detail::require_host_accessible<Dev>()) return data_;
+    if constexpr (detail::require_host_accessible<D>()) return data_;
     else return nullptr;
   }
 
   /// The elements as a span. Host-accessible devices only; the view must be
   /// contiguous (shape_error otherwise).
-  template <class Dev = D>
   [[nodiscard]] std::span<T> span() const {
-    if constexpr (detail::require_host_accessible<Dev>()) {
+    if constexpr (detail::require_host_accessible<D>()) {
       if (!is_contiguous())
         throw shape_error("locus: span() of a non-contiguous view of shape " +
                           detail::shape_string(shape_) + "; clone() it first");
@@ -194,12 +288,28 @@ class tensor_view {
   }
 
   /// The single element of a rank-0 view. Host-accessible devices only.
-  template <class Dev = D>
   value_type item() const {
     static_assert(R == 0, "locus: item() reads a rank-0 tensor, but this one has rank >= 1; index the "
                           "element with t(i, ...), or reduce first, e.g. locus::sum(t).item()");
-    if constexpr (detail::require_host_accessible<Dev>()) return *data_;
+    if constexpr (detail::require_host_accessible<D>()) return *data_;
     else return value_type{};
+  }
+
+  // Prevents: v.data<locus::cpu>() on a cuda view (the view's own device decides).
+  template <class Dev>
+  T* data() const {
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("data"));
+    return nullptr;
+  }
+  template <class Dev>
+  std::span<T> span() const {
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("span"));
+    return {};
+  }
+  template <class Dev>
+  value_type item() const {
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("item"));
+    return {};
   }
 
   [[nodiscard]] tensor_view view() const noexcept { return *this; }
@@ -218,7 +328,7 @@ class tensor_view {
   /// A view of another rank over the same contiguous memory.
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& shape) const {
-    return {data_, detail::checked_reshape(shape_, shape, is_contiguous())};
+    return {detail::raw_view_key{}, data_, detail::checked_reshape(shape_, shape, is_contiguous())};
   }
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const index_t (&shape)[R2]) const {
@@ -233,7 +343,7 @@ class tensor_view {
     detail::check_slice(begin, end, shape_[0]);
     extents<R> s = shape_;
     s[0] = end - begin;
-    return {data_ + begin * strides_[0], s, strides_};
+    return {detail::raw_view_key{}, data_ + begin * strides_[0], s, strides_};
   }
 
   /// A contiguous deep copy in a new tensor on the same device (defined in
@@ -297,14 +407,24 @@ class tensor {
   ~tensor() { release(); }
 
   // Prevents: a hidden deep copy of (GPU) memory on every pass by value.
-  tensor(const tensor&) {
-    static_assert(detail::always_false<T>,
+  // Deleted, so that std::is_copy_constructible_v and std::is_copy_assignable_v tell
+  // generic code the truth (std::optional, std::variant, concepts). The usual mistake,
+  // copying a non-const tensor (auto b = a; pass by value), is caught by the template
+  // below with locus's message; copying a const tensor reaches the deleted declaration.
+  tensor(const tensor&) = delete;  // locus: tensor is move-only: write t.clone(), std::move(t) or t.view()
+  tensor& operator=(const tensor&) = delete;  // locus: tensor is move-only: write t = u.clone(), std::move(u) or u.view()
+  template <class U>
+    requires std::is_same_v<U, tensor>
+  tensor(U&) {
+    static_assert(detail::always_false<U>,
                   "locus: tensor is move-only, copying it would duplicate its memory; write "
                   "t.clone() for a deep copy, std::move(t) to transfer ownership, or take a "
                   "view, a cheap non-owning handle: auto v = t.view()");
   }
-  tensor& operator=(const tensor&) {
-    static_assert(detail::always_false<T>,
+  template <class U>
+    requires std::is_same_v<U, tensor>
+  tensor& operator=(U&) {
+    static_assert(detail::always_false<U>,
                   "locus: tensor is move-only, copying it would duplicate its memory; write "
                   "t = u.clone() for a deep copy, std::move(u) to transfer ownership, or keep "
                   "a view instead of a tensor: auto v = u.view()");
@@ -312,11 +432,16 @@ class tensor {
   }
 
   /// Assigning a tensor or view of another device, dtype or rank is a compile error
-  /// that names the explicit transfer or cast to write instead.
+  /// that names the explicit transfer or cast to write instead. From an rvalue tensor
+  /// the conversion is deleted instead, so that std::is_convertible_v and
+  /// std::is_constructible_v (which ask about rvalues) are false; the compiler then says
+  /// "use of deleted function" and shows the comment on its declaration.
   template <class T2, class D2, std::size_t R2>
   tensor(const tensor<T2, D2, R2>&) {
     reject_conversion<T2, D2, R2, true>();
   }
+  template <class T2, class D2, std::size_t R2>
+  tensor(tensor<T2, D2, R2>&&) = delete;  // locus: no conversion between devices, dtypes or ranks: write locus::to<D>(x), locus::cast<T>(x) or x.reshape(...)
   template <class T2, class D2, std::size_t R2>
   tensor(const tensor_view<T2, D2, R2>&) {
     reject_conversion<std::remove_cv_t<T2>, D2, R2, false>();
@@ -326,6 +451,8 @@ class tensor {
     reject_conversion<T2, D2, R2, true>();
     return *this;
   }
+  template <class T2, class D2, std::size_t R2>
+  tensor& operator=(tensor<T2, D2, R2>&&) = delete;  // locus: no conversion between devices, dtypes or ranks: write locus::to<D>(x), locus::cast<T>(x) or x.reshape(...)
   template <class T2, class D2, std::size_t R2>
   tensor& operator=(const tensor_view<T2, D2, R2>&) {
     reject_conversion<std::remove_cv_t<T2>, D2, R2, false>();
@@ -345,61 +472,100 @@ class tensor {
   [[nodiscard]] T* data_handle() noexcept { return data_; }
   [[nodiscard]] const T* data_handle() const noexcept { return data_; }
 
-  template <class Dev = D>
-  [[nodiscard]] T* data() noexcept {
-    return view().template data<Dev>();
-  }
-  template <class Dev = D>
-  [[nodiscard]] const T* data() const noexcept {
-    return view().template data<Dev>();
-  }
-  template <class Dev = D>
-  [[nodiscard]] std::span<T> span() {
-    return view().template span<Dev>();
-  }
-  template <class Dev = D>
-  [[nodiscard]] std::span<const T> span() const {
-    return view().template span<Dev>();
-  }
+  // Host access: the tensor's own device decides (no template parameter a caller could
+  // set). On a temporary (rvalue) tensor, whatever would point into it (data, span, a
+  // view, a slice, a reshape) is a compile error: the memory is freed at the end of the
+  // statement. Elements and item() of a temporary are returned by value.
+  [[nodiscard]] T* data() & noexcept { return view().data(); }
+  [[nodiscard]] const T* data() const& noexcept { return view().data(); }
+  [[nodiscard]] std::span<T> span() & { return view().span(); }
+  [[nodiscard]] std::span<const T> span() const& { return view().span(); }
   template <class... I>
-  T& operator()(I... idx) {
+  T& operator()(I... idx) & {
     return view()(idx...);
   }
   template <class... I>
-  const T& operator()(I... idx) const {
+  const T& operator()(I... idx) const& {
     return view()(idx...);
   }
-  template <class Dev = D>
+  template <class... I>
+  T operator()(I... idx) const&& {
+    return view()(idx...);
+  }
+  T item() const { return view().item(); }
+
+  // (A tensor converts to its views through tensor_view's constructors.)
+  [[nodiscard]] tensor_view<T, D, R> view() & noexcept { return {detail::raw_view_key{}, data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, D, R> view() const& noexcept { return {detail::raw_view_key{}, data_, shape_}; }
+
+  template <std::size_t R2>
+  [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& s) & {
+    return view().reshape(s);
+  }
+  template <std::size_t R2>
+  [[nodiscard]] tensor_view<const T, D, R2> reshape(const extents<R2>& s) const& {
+    return view().reshape(s);
+  }
+  template <std::size_t R2>
+  [[nodiscard]] tensor_view<T, D, R2> reshape(const index_t (&s)[R2]) & {
+    return view().reshape(s);
+  }
+  template <std::size_t R2>
+  [[nodiscard]] tensor_view<const T, D, R2> reshape(const index_t (&s)[R2]) const& {
+    return view().reshape(s);
+  }
+  [[nodiscard]] tensor_view<T, D, R> slice(index_t begin, index_t end) & {
+    return view().slice(begin, end);
+  }
+  [[nodiscard]] tensor_view<const T, D, R> slice(index_t begin, index_t end) const& {
+    return view().slice(begin, end);
+  }
+
+  // ---- views of a temporary: each would dangle at the end of the statement -------------
+  // Prevents: heap-use-after-free through ones<float, cpu>({4}).slice(0, 2) and the like.
+  tensor_view<T, D, R> view() const&& {
+    static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("view()"));
+    return {};
+  }
+  template <class S>
+  tensor_view<T, D, R> reshape(const S&) const&& {
+    static_assert(detail::always_false<S>, LOCUS_TEMPORARY_VIEW_MESSAGE("reshape()"));
+    return {};
+  }
+  template <std::size_t R2>
+  tensor_view<T, D, R> reshape(const index_t (&)[R2]) const&& {
+    static_assert(detail::always_false_v<R2>, LOCUS_TEMPORARY_VIEW_MESSAGE("reshape()"));
+    return {};
+  }
+  tensor_view<T, D, R> slice(index_t, index_t) const&& {
+    static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("slice()"));
+    return {};
+  }
+  T* data() const&& noexcept {
+    static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("data()"));
+    return nullptr;
+  }
+  std::span<T> span() const&& {
+    static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("span()"));
+    return {};
+  }
+
+  // Prevents: t.data<locus::cpu>() on a cuda tensor (host access is the tensor's own
+  // device's to decide, never the caller's).
+  template <class Dev>
+  T* data() const {
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("data"));
+    return nullptr;
+  }
+  template <class Dev>
+  std::span<T> span() const {
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("span"));
+    return {};
+  }
+  template <class Dev>
   T item() const {
-    return view().template item<Dev>();
-  }
-
-  [[nodiscard]] tensor_view<T, D, R> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, D, R> view() const noexcept { return {data_, shape_}; }
-  operator tensor_view<T, D, R>() noexcept { return view(); }
-  operator tensor_view<const T, D, R>() const noexcept { return view(); }
-
-  template <std::size_t R2>
-  [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& s) {
-    return view().reshape(s);
-  }
-  template <std::size_t R2>
-  [[nodiscard]] tensor_view<const T, D, R2> reshape(const extents<R2>& s) const {
-    return view().reshape(s);
-  }
-  template <std::size_t R2>
-  [[nodiscard]] tensor_view<T, D, R2> reshape(const index_t (&s)[R2]) {
-    return view().reshape(s);
-  }
-  template <std::size_t R2>
-  [[nodiscard]] tensor_view<const T, D, R2> reshape(const index_t (&s)[R2]) const {
-    return view().reshape(s);
-  }
-  [[nodiscard]] tensor_view<T, D, R> slice(index_t begin, index_t end) {
-    return view().slice(begin, end);
-  }
-  [[nodiscard]] tensor_view<const T, D, R> slice(index_t begin, index_t end) const {
-    return view().slice(begin, end);
+    static_assert(detail::always_false<Dev>, LOCUS_HOST_ACCESS_ARGUMENT_MESSAGE("item"));
+    return {};
   }
 
   /// A deep copy on the same device (defined in transfer/copy.hpp).
@@ -425,6 +591,82 @@ class tensor {
   T* data_ = nullptr;
   extents<R> shape_{};
 };
+
+/// Swaps two tensors of the same type (found by ADL: `using std::swap; swap(a, b);` or
+/// `swap(a, b)`); nothing is copied.
+template <class T, class D, std::size_t R>
+void swap(tensor<T, D, R>& a, tensor<T, D, R>& b) noexcept {
+  tensor<T, D, R> t = std::move(a);
+  a = std::move(b);
+  b = std::move(t);
+}
+// Prevents: a candidate list for swap(cpu_tensor, cuda_tensor). (std::swap(a, b), named
+// with std::, never sees this overload: the standard forbids adding one to std, so there
+// the compiler's own "no matching function" is the error.)
+template <class T1, class D1, std::size_t R1, class T2, class D2, std::size_t R2>
+void swap(tensor<T1, D1, R1>&, tensor<T2, D2, R2>&) {
+  static_assert(detail::always_false<T1>,
+                "locus: cannot swap tensors of different devices, dtypes or ranks: each keeps its "
+                "type; transfer explicitly (b = locus::to<D>(a)), cast (locus::cast<T>(a)) or "
+                "reshape first");
+}
+
+/// The one door through which a raw pointer becomes a typed view: the caller vouches
+/// that p points to memory of device D that holds the given shape (with these strides,
+/// in elements) for as long as the view is used. locus checks what it can: extents and
+/// strides are >= 0, the element count and the byte size fit index_t, and p is not
+/// null when there are elements (shape_error otherwise). It cannot check that the
+/// memory is D's: a device pointer typed as cpu is still a crash.
+template <Device D, class T, std::size_t R>
+[[nodiscard]] tensor_view<T, D, R> unsafe_view(T* p, const extents<R>& shape, const extents<R>& strides) {
+  static_assert(Dtype<std::remove_cv_t<T>>, "locus: unsafe_view's element type must be one of f32, "
+                                            "f64, i32, i64, u8, bool, f16, bf16 (optionally const)");
+  const index_t n = detail::checked_numel(shape, sizeof(T));
+  for (std::size_t a = 0; a < R; ++a)
+    if (strides[a] < 0)
+      throw shape_error("locus: unsafe_view with a negative stride (" + std::to_string(strides[a]) +
+                        " on axis " + std::to_string(a) + "); strides count elements and are >= 0");
+  if (n > 0) {
+    // the last element's offset must fit index_t as well
+    index_t last = 0;
+    for (std::size_t a = 0; a < R; ++a) {
+      if (shape[a] > 1 && strides[a] > (std::numeric_limits<index_t>::max() - last) / (shape[a] - 1))
+        throw shape_error("locus: unsafe_view of shape " + detail::shape_string(shape) +
+                          " with strides " + detail::shape_string(strides) +
+                          ": the last element's offset overflows index_t");
+      last += strides[a] * (shape[a] - 1);
+    }
+    if (p == nullptr)
+      throw shape_error("locus: unsafe_view of a null pointer with shape " + detail::shape_string(shape) +
+                        " (" + std::to_string(n) + " elements)");
+  }
+  return tensor_view<T, D, R>(detail::raw_view_key{}, p, shape, strides);
+}
+template <Device D, class T, std::size_t R>
+[[nodiscard]] tensor_view<T, D, R> unsafe_view(T* p, const extents<R>& shape) {
+  (void)detail::checked_numel(shape, sizeof(T));
+  return unsafe_view<D>(p, shape, detail::contiguous_strides(shape));
+}
+template <Device D, class T, std::size_t R>
+[[nodiscard]] tensor_view<T, D, R> unsafe_view(T* p, const index_t (&shape)[R]) {
+  return unsafe_view<D>(p, detail::to_extents(shape));
+}
+template <Device D, class T, std::size_t R>
+[[nodiscard]] tensor_view<T, D, R> unsafe_view(T* p, const index_t (&shape)[R], const index_t (&strides)[R]) {
+  return unsafe_view<D>(p, detail::to_extents(shape), detail::to_extents(strides));
+}
+
+namespace detail {
+/// locus's own door for memory it allocated (no checks: the shapes are its own).
+template <class D, class T, std::size_t R>
+tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape) noexcept {
+  return tensor_view<T, D, R>(raw_view_key{}, p, shape);
+}
+template <class D, class T, std::size_t R>
+tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape, const extents<R>& strides) noexcept {
+  return tensor_view<T, D, R>(raw_view_key{}, p, shape, strides);
+}
+}  // namespace detail
 
 }  // namespace locus
 
