@@ -1,16 +1,15 @@
-// expect: error: .*locus: copy_async destination is const; pass a mutable tensor or tensor_view
-// Rule: a const tensor or a view of const elements is read-only: copy_async does not
-// write through it.
+// expect: error: .*locus: copy_async destination is const; pass a mutable tensor, moved in
+// Rule: a const tensor is read-only: copy_async does not write into it (nor take it over).
 #include <locus/transfer/async.hpp>
 
-void f(const locus::tensor<float, locus::pinned, 1>& p, const locus::tensor<float, locus::cuda, 1>& c,
+void f(locus::tensor<float, locus::pinned, 1> p, const locus::tensor<float, locus::cuda, 1>& c,
        locus::tensor<float, locus::cuda, 1>& d) {
 #ifdef LOCUS_VIOLATION
   (void)d;
-  auto pending = locus::copy_async(p, c);
+  auto pending = locus::copy_async(std::move(p), c);
 #else
   (void)c;
-  auto pending = locus::copy_async(p, d);
+  auto pending = locus::copy_async(std::move(p), std::move(d));
 #endif
-  (void)pending.get();
+  d = std::move(pending).get();
 }

@@ -9,6 +9,6 @@ auto start(locus::tensor<float, locus::cpu, 2>& h, locus::tensor<float, locus::p
   return locus::to_async<locus::cuda>(h);
 #else
   (void)h;
-  return locus::to_async<locus::cuda>(p);
+  return locus::to_async<locus::cuda>(std::move(p));
 #endif
 }

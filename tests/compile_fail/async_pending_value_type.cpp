@@ -1,10 +1,10 @@
-// expect: error: .*locus: pending<V> holds a tensor or a tensor_view, but V is another type
-// Rule: a pending copy's value is a tensor (to_async) or a view of the destination
-// (copy_async).
+// expect: error: .*locus: pending<V, S> holds the tensor an asynchronous copy writes, but V is not a locus::tensor
+// Rule: a pending copy's value is the tensor it owns (to_async's new one, or the
+// destination moved into copy_async); a view owns nothing.
 #include <locus/transfer/async.hpp>
 
 #ifdef LOCUS_VIOLATION
-using value = float;
+using value = locus::tensor_view<float, locus::cuda, 1>;
 #else
 using value = locus::tensor<float, locus::cuda, 1>;
 #endif

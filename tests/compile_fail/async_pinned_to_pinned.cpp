@@ -2,10 +2,10 @@
 // Rule: an "asynchronous" host-to-host copy overlaps nothing; it is a plain copy.
 #include <locus/transfer/async.hpp>
 
-auto f(const locus::tensor<float, locus::pinned, 2>& p) {
+auto f(locus::tensor<float, locus::pinned, 2>& p) {
 #ifdef LOCUS_VIOLATION
-  return locus::to_async<locus::pinned>(p);
+  return locus::to_async<locus::pinned>(std::move(p));
 #else
-  return locus::to_async<locus::cuda>(p);
+  return locus::to_async<locus::cuda>(std::move(p));
 #endif
 }

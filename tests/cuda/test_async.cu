@@ -33,10 +33,19 @@ static_assert(!std::is_copy_constructible_v<locus::stream_guard> && !std::is_mov
 // get() on an rvalue hands the tensor over by value; on an lvalue it lends it.
 static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2>>().get()), dev2>);
 static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2>&>().get()), dev2&>);
-static_assert(std::is_same_v<decltype(locus::to_async<locus::cuda>(std::declval<locus::tensor<float, locus::pinned, 2>&>())),
+// The pending owns the destination, and a source that was moved in.
+using pin2 = locus::tensor<float, locus::pinned, 2>;
+static_assert(std::is_same_v<decltype(locus::to_async<locus::cuda>(std::declval<pin2>())), locus::pending<dev2, pin2>>);
+static_assert(std::is_same_v<decltype(locus::to_async<locus::pinned>(std::declval<const dev2&>())),
+                             locus::pending<pin2>>);
+static_assert(std::is_same_v<decltype(locus::copy_async(std::declval<dev2&>(), std::declval<dev2>())),
                              locus::pending<dev2>>);
-static_assert(std::is_same_v<decltype(locus::copy_async(std::declval<dev2&>(), std::declval<dev2&>())),
-                             locus::pending<locus::tensor_view<float, locus::cuda, 2>>>);
+static_assert(std::is_same_v<decltype(locus::copy_async(std::declval<pin2>(), std::declval<dev2>())),
+                             locus::pending<dev2, pin2>>);
+static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2, pin2>>().get_with_source()),
+                             locus::value_and_source<dev2, pin2>>);
+static_assert(std::is_nothrow_move_constructible_v<locus::pending<dev2, pin2>>);
+static_assert(std::is_nothrow_move_assignable_v<locus::pending<dev2, pin2>>);
 
 /// Keeps stream s busy for about `ms` milliseconds (the GPU's global timer), so that
 /// work enqueued after it is observably not done yet.
@@ -84,61 +93,131 @@ TEST_CASE("to_async round trip pinned to cuda to pinned is exact") {
   auto f = pinned_pattern<float>(1 << 20, 1);  // every bit pattern kind, NaNs included
   auto b = pinned_pattern<locus::bf16>(12345, 2);
   auto i = pinned_pattern<std::int64_t>(777, 3);
+  const auto f_ref = f.clone();
+  const auto b_ref = b.clone();
+  const auto i_ref = i.clone();
+  const void* f_memory = f.data_handle();
 
-  auto to_gpu_f = locus::to_async<locus::cuda>(f);
-  auto to_gpu_b = locus::to_async<locus::cuda>(b);
-  auto to_gpu_i = locus::to_async<locus::cuda>(i);
-  auto back_f = locus::to_async<locus::pinned>(to_gpu_f.get());
+  auto to_gpu_f = locus::to_async<locus::cuda>(std::move(f));
+  auto to_gpu_b = locus::to_async<locus::cuda>(std::move(b));
+  auto to_gpu_i = locus::to_async<locus::cuda>(std::move(i));
+  auto back_f = locus::to_async<locus::pinned>(to_gpu_f.get());  // a cuda lvalue source
   auto back_b = locus::to_async<locus::pinned>(to_gpu_b.get());
   auto back_i = locus::to_async<locus::pinned>(to_gpu_i.get());
-  CHECK(same_bytes(f, std::move(back_f).get()));
-  CHECK(same_bytes(b, std::move(back_b).get()));
-  CHECK(same_bytes(i, std::move(back_i).get()));
+  CHECK(same_bytes(f_ref, std::move(back_f).get()));
+  CHECK(same_bytes(b_ref, std::move(back_b).get()));
+  CHECK(same_bytes(i_ref, std::move(back_i).get()));
+  // The source comes back, the same memory, untouched.
+  auto [gpu_f, f_again] = std::move(to_gpu_f).get_with_source();
+  CHECK(f_again.data_handle() == f_memory);
+  CHECK(same_bytes(f_ref, f_again));
+  CHECK(gpu_f.shape() == f_ref.shape());
 
   // Rank 3, through the blocking path for comparison.
   auto h = locus::to<locus::pinned>(locus::randn<float, locus::cpu>({4, 5, 6}, 9));
-  auto d = std::move(locus::to_async<locus::cuda>(h)).get();
-  CHECK(same_bytes(h, locus::to<locus::pinned>(d)));
+  const auto h_ref = h.clone();
+  auto d = std::move(locus::to_async<locus::cuda>(std::move(h))).get();
+  CHECK(same_bytes(h_ref, locus::to<locus::pinned>(d)));
 }
 
-TEST_CASE("copy_async cuda to cuda and into existing pinned memory") {
+TEST_CASE("copy_async takes over its destination and gives it back") {
   auto src = pinned_pattern<float>(4096, 4);
-  auto d1 = std::move(locus::to_async<locus::cuda>(src)).get();
+  const auto ref = src.clone();
+  auto d1 = std::move(locus::to_async<locus::cuda>(std::move(src))).get();
   auto d2 = locus::empty<float, locus::cuda>({4096});
   auto out = locus::empty<float, locus::pinned>({4096});
+  const float* d2_memory = d2.data_handle();
   {
-    auto p = locus::copy_async(d1, d2);
-    static_assert(std::is_same_v<decltype(p.get()), locus::tensor_view<float, locus::cuda, 1>&>);
-    CHECK(p.get().data_handle() == d2.data_handle());
+    auto p = locus::copy_async(d1, std::move(d2));  // cuda -> cuda, a cuda lvalue source
+    static_assert(std::is_same_v<decltype(p.get()), locus::tensor<float, locus::cuda, 1>&>);
+    CHECK(p.get().data_handle() == d2_memory);
+    d2 = std::move(p).get();  // the buffer is reused
   }
-  auto q = locus::copy_async(d2, out);
-  (void)q.get();
-  CHECK(same_bytes(src, out));
+  CHECK(d2.data_handle() == d2_memory);
+  out = std::move(locus::copy_async(d2, std::move(out))).get();  // cuda -> pinned
+  CHECK(same_bytes(ref, out));
 
-  // Rows of a matrix (contiguous slices) into a view of another tensor.
-  auto m = locus::zeros<float, locus::cuda>({8, 512});
-  auto rows = locus::copy_async(d1.reshape({8, 512}).slice(2, 5), m.slice(0, 3));
-  (void)rows.get();
-  auto hm = locus::to<locus::cpu>(m);
-  CHECK(std::memcmp(hm.data_handle(), src.data_handle() + 2 * 512, 3 * 512 * sizeof(float)) == 0);
+  // Rows of a matrix (a contiguous cuda view source) into a tensor of their shape.
+  auto rows = locus::copy_async(d1.reshape({8, 512}).slice(2, 5), locus::empty<float, locus::cuda>({3, 512}));
+  auto hm = locus::to<locus::cpu>(std::move(rows).get());
+  CHECK(std::memcmp(hm.data_handle(), ref.data_handle() + 2 * 512, 3 * 512 * sizeof(float)) == 0);
 
-  // Mismatched shapes: shape_error, nothing enqueued; strided views: shape_error.
+  // Mismatched shapes: shape_error, nothing enqueued, nothing moved; strided views: shape_error.
   auto small = locus::empty<float, locus::cuda>({10});
-  CHECK_THROWS_AS((void)locus::copy_async(d1, small), locus::shape_error);
-  auto wide = locus::empty<float, locus::pinned>({4, 6});
-  auto strided = locus::tensor_view<float, locus::pinned, 2>(wide.data_handle(), {4, 3}, {6, 1});
-  auto target = locus::empty<float, locus::cuda>({4, 3});
-  CHECK_THROWS_AS((void)locus::copy_async(strided, target), locus::shape_error);
-  CHECK_THROWS_AS((void)locus::to_async<locus::cuda>(strided), locus::shape_error);
+  const float* small_memory = small.data_handle();
+  CHECK_THROWS_AS((void)locus::copy_async(d1, std::move(small)), locus::shape_error);
+  CHECK(small.data_handle() == small_memory);
+  auto h = locus::to<locus::pinned>(ref);
+  const float* h_memory = h.data_handle();
+  CHECK_THROWS_AS((void)locus::copy_async(std::move(h), std::move(small)), locus::shape_error);
+  CHECK(h.data_handle() == h_memory);
+  CHECK(small.data_handle() == small_memory);
+  auto wide = locus::zeros<float, locus::cuda>({4, 6});
+  auto strided = locus::transpose(wide);  // [6, 4], strides (1, 6)
+  CHECK_THROWS_AS((void)locus::copy_async(strided, locus::empty<float, locus::cuda>({6, 4})), locus::shape_error);
+  CHECK_THROWS_AS((void)locus::to_async<locus::pinned>(strided), locus::shape_error);
+}
+
+TEST_CASE("copy_async and to_async: empty tensors, the same tensor on both sides, overlap") {
+  // Zero-size copies: a pending like any other.
+  auto e = locus::to_async<locus::cuda>(locus::empty<float, locus::pinned>({0, 3}));
+  CHECK(e.get().shape() == locus::extents<2>{0, 3});
+  auto [ev, es] = std::move(e).get_with_source();
+  CHECK(ev.numel() == 0);
+  CHECK(es.shape() == locus::extents<2>{0, 3});
+  auto z = locus::copy_async(locus::tensor<float, locus::cuda, 1>(), locus::tensor<float, locus::cuda, 1>());
+  CHECK(std::move(z).get().numel() == 0);
+
+  // The same tensor as source and destination: nothing copied, the values stay, the
+  // destination is the tensor, and there is no second owner of it.
+  auto h = pinned_pattern<float>(1000, 12);
+  const auto ref = h.clone();
+  auto t = locus::to<locus::cuda>(h);
+  const float* memory = t.data_handle();
+  auto self = locus::copy_async(std::move(t), std::move(t));
+  auto [value, source] = std::move(self).get_with_source();
+  CHECK(value.data_handle() == memory);
+  CHECK(source.numel() == 0);
+  CHECK(same_bytes(ref, locus::to<locus::pinned>(value)));
+  // A cuda lvalue view of the destination's own memory (same layout): in place.
+  auto v = value.view();
+  auto again = std::move(locus::copy_async(v, std::move(value))).get();
+  CHECK(same_bytes(ref, locus::to<locus::pinned>(again)));
+}
+
+TEST_CASE("copy on cuda with overlapping sides gives the result of a separate source") {
+  auto h = pinned_pattern<float>(8000, 13);
+  auto t = locus::to<locus::cuda>(h);
+  locus::copy(t.slice(0, 6000), t.slice(2000, 8000));  // overlapping, shifted forward
+  auto got = locus::to<locus::pinned>(t);
+  CHECK(std::memcmp(got.data_handle() + 2000, h.data_handle(), 6000 * sizeof(float)) == 0);
+  CHECK(std::memcmp(got.data_handle(), h.data_handle(), 2000 * sizeof(float)) == 0);
+  auto u = locus::to<locus::cuda>(h);
+  locus::copy(u.slice(1000, 8000), u.slice(0, 7000));  // shifted back
+  got = locus::to<locus::pinned>(u);
+  CHECK(std::memcmp(got.data_handle(), h.data_handle() + 1000, 7000 * sizeof(float)) == 0);
+  locus::copy(u, u);  // same mapping: nothing to do
+  CHECK(same_bytes(got, locus::to<locus::pinned>(u)));
+}
+
+TEST_CASE("the fixes the messages name compile and work: to<D>(eval(e)), to_async<D>(eval(e))") {
+  auto g = locus::ones<float, locus::cuda>({4});
+  auto h = locus::to<locus::cpu>(locus::eval(g * 2.0f));  // for to<cpu>(g * 2.0f)
+  CHECK(h(3) == 2.0f);
+  auto p = locus::to_async<locus::pinned>(locus::eval(g * 3.0f));  // an owned cuda rvalue
+  auto [value, source] = std::move(p).get_with_source();
+  CHECK(value(0) == 3.0f);
+  CHECK(source.numel() == 4);
 }
 
 TEST_CASE("pending get waits and ready polls") {
   locus::stream s;
   locus::stream_guard g(s);
   auto src = pinned_pattern<float>(1 << 16, 5);
+  const auto ref = src.clone();
   warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
-  auto p = locus::to_async<locus::cuda>(src);
+  auto p = locus::to_async<locus::cuda>(std::move(src));
   CHECK_FALSE(p.ready());  // behind 300 ms of spinning
   const auto t0 = std::chrono::steady_clock::now();
   auto& lent = p.get();
@@ -146,10 +225,15 @@ TEST_CASE("pending get waits and ready polls") {
   CHECK(p.ready());
   CHECK(s.query());
   CHECK(lent.numel() == (1 << 16));
+  CHECK(&p.get() == &lent);  // get() twice on an lvalue: the same tensor
   auto owned = std::move(p).get();
-  CHECK(same_bytes(src, locus::to<locus::pinned>(owned)));
+  CHECK(same_bytes(ref, locus::to<locus::pinned>(owned)));
   CHECK_THROWS_AS((void)p.get(), locus::error);  // the value has left
   CHECK_THROWS_AS((void)p.ready(), locus::error);
+  CHECK_THROWS_AS((void)std::move(p).get(), locus::error);
+  CHECK_THROWS_AS((void)std::move(p).get_with_source(), locus::error);
+  auto moved = std::move(p);  // moving an empty pending: still empty
+  CHECK_THROWS_AS((void)moved.get(), locus::error);
 }
 
 TEST_CASE("a pending destroyed without get waits for its copy") {
@@ -159,10 +243,20 @@ TEST_CASE("a pending destroyed without get waits for its copy") {
   warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
   {
-    auto p = locus::to_async<locus::cuda>(src);
+    auto p = locus::to_async<locus::cuda>(src.clone());
     CHECK_FALSE(s.query());
   }  // ~pending: waits, so its destination is not freed under the copy
   CHECK(s.query());
+
+  // Moved, then the moved-to one destroyed: waits once, the moved-from one is empty.
+  warm_cuda_cache<float>(1 << 16);
+  spin(s.native_handle(), 300);
+  {
+    auto p = locus::to_async<locus::cuda>(src.clone());
+    { auto q = std::move(p); }
+    CHECK(s.query());
+    CHECK_THROWS_AS((void)p.ready(), locus::error);
+  }
 
   // Assigning over an in-flight pending waits for it too. b's copy goes to another
   // stream, so that after the assignment s holds nothing but a's (finished) copy.
@@ -174,17 +268,18 @@ TEST_CASE("a pending destroyed without get waits for its copy") {
   }
   warm_cuda_cache<float>(1 << 16);
   spin(s.native_handle(), 300);
-  auto a = locus::to_async<locus::cuda>(src);
+  auto a = locus::to_async<locus::cuda>(src.clone());
   auto b = [&] {
     locus::stream_guard on_t(t);
-    return locus::to_async<locus::cuda>(tiny);
+    return locus::to_async<locus::cuda>(std::move(tiny));
   }();
   CHECK_FALSE(s.query());
   a = std::move(b);
   CHECK(s.query());
+  CHECK(std::move(a).get().numel() == 16);
 }
 
-TEST_CASE("to_async owns an rvalue source until the copy is done") {
+TEST_CASE("to_async owns a moved-in source until the value leaves") {
   locus::stream s;
   locus::stream_guard g(s);
   locus::empty_cache<locus::pinned>();
@@ -194,7 +289,9 @@ TEST_CASE("to_async owns an rvalue source until the copy is done") {
   auto p = locus::to_async<locus::cuda>(pinned_pattern<float>(1 << 18, 8));  // a temporary source
   CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before + bytes);  // kept alive
   (void)p.get();
-  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);  // released once done
+  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before + bytes);  // still owned
+  auto d = std::move(p).get();
+  CHECK(locus::memory_stats<locus::pinned>().allocated_bytes == before);  // released with the value
 }
 
 // ---- streams, events, guards --------------------------------------------------------------

@@ -30,10 +30,12 @@
 // Prefetch. A background thread prepares up to `prefetch` batches ahead and blocks
 // when that many are waiting, so the loader holds at most `prefetch` batches plus
 // the one handed out (the previous one is freed before the next is taken). For
-// D = cuda it fills a pinned staging batch, then copies it with copy_async on its
-// own side stream, which overlaps kernels on the consumer's stream; the consumer
-// waits on the copy's events before a batch is handed out, so a batch is always
-// complete. Device memory for a batch is allocated on the consumer's current stream
+// D = cuda it fills a pinned staging batch, then moves it and the batch's device
+// tensors into copy_async on its own side stream, which overlaps kernels on the
+// consumer's stream; until the copy is done the pendings own both sides (nothing can
+// read the batch early or free the staging memory under the copy), and the consumer
+// takes the batch out of them with get(), which waits on the copy's events, so a
+// batch handed out is always complete. Device memory for a batch is allocated on the consumer's current stream
 // (captured by begin()) and the side stream first waits for the work already
 // enqueued there, so a block recycled from an earlier batch is never overwritten
 // while kernels still read it.
@@ -245,9 +247,10 @@ class loader {
     std::optional<batch<D>> b;
     std::exception_ptr error;
 #if LOCUS_HAS_CUDA
-    // The two copies of a cuda batch; each owns its pinned staging tensor.
-    std::optional<pending<tensor_view<float, cuda, 2>>> x_copy;
-    std::optional<pending<tensor_view<std::int64_t, cuda, 1>>> y_copy;
+    // The two copies of a cuda batch; each owns its device tensor (the batch's x or
+    // y) and its pinned staging tensor until the copy is done.
+    std::optional<pending<tensor<float, cuda, 2>, tensor<float, pinned, 2>>> x_copy;
+    std::optional<pending<tensor<std::int64_t, cuda, 1>, tensor<std::int64_t, pinned, 1>>> y_copy;
 #endif
   };
 
@@ -273,11 +276,11 @@ class loader {
     }
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) {
-      // The batch handed out is complete: wait for both copies (and free staging).
-      // A failed copy (cuda_error) ends the epoch like any other error.
+      // The batch handed out is complete: wait for both copies, take the tensors out
+      // of the pendings (which frees the staging). A failed copy (cuda_error) ends the
+      // epoch like any other error.
       try {
-        (void)it.x_copy->get();
-        (void)it.y_copy->get();
+        it.b.emplace(batch<cuda>{std::move(*it.x_copy).get(), std::move(*it.y_copy).get()});
       } catch (...) {
         stop();
         throw;
@@ -328,10 +331,6 @@ class loader {
         const index_t first = k * options_.batch_size;
         const index_t count = std::min<index_t>(options_.batch_size,
                                                 static_cast<index_t>(order_.size()) - first);
-        // A cuda batch is declared before the item that holds its copies: should the
-        // second copy_async throw, the item (waiting for the first copy) is destroyed
-        // before the batch that copy writes into.
-        std::optional<batch<D>> b_holder;
         item it;
         if constexpr (!is_cuda) {
           it.b.emplace(make_filled<D>(first, count));
@@ -339,7 +338,7 @@ class loader {
 #if LOCUS_HAS_CUDA
           auto staged = make_filled<pinned>(first, count);
           const index_t f = static_cast<index_t>(source_->features());
-          batch<cuda>& b = b_holder.emplace();
+          batch<cuda> b;
           {
             // Allocate on the consumer's stream, and let the side stream wait for
             // what is already enqueued there (a recycled block may still be read).
@@ -350,9 +349,11 @@ class loader {
           }
           cuda_.side->wait(*consumer_ready);
           stream_guard on_side(*cuda_.side);
-          it.x_copy.emplace(copy_async(std::move(staged.x), b.x));
-          it.y_copy.emplace(copy_async(std::move(staged.y), b.y));
-          it.b.emplace(std::move(b));  // moving keeps the device memory in place
+          // Each pending takes over both sides of its copy. Should the second
+          // copy_async throw, it moved nothing, and the item's first pending waits for
+          // its copy before freeing what it owns.
+          it.x_copy.emplace(copy_async(std::move(staged.x), std::move(b.x)));
+          it.y_copy.emplace(copy_async(std::move(staged.y), std::move(b.y)));
 #endif
         }
         {

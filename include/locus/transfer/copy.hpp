@@ -2,10 +2,20 @@
 // memory, to<D>(t) for a new tensor (blocking), clone() on the same device. Every
 // device pair works; dtype and rank must match (compile time), shapes must match
 // (run time, before the destination is touched).
+//
+// Overlap follows the rule expressions follow (ops/expr.hpp): a source that reads the
+// destination's memory through the same mapping (same address, same strides: copy(t,
+// t)) is already in place and nothing is copied; overlapping contiguous ranges (two
+// shifted slices of one tensor) are a memmove on the host and go through a temporary
+// on cuda (cudaMemcpy of overlapping ranges is undefined); any other overlap
+// (copy(transpose(t), t)) reads the whole source into a temporary first. Host and cuda
+// memory never overlap (separate allocations).
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "../core/rules.hpp"
 #include "../tensor/tensor.hpp"
@@ -25,6 +35,42 @@ auto as_view(X& x) noexcept {
     return x;
   else
     return x.view();
+}
+
+/// A lazy expression (ops/expr.hpp) rather than a tensor or view.
+template <class X>
+inline constexpr bool is_expression_v = std::is_base_of_v<expression_tag, std::remove_cvref_t<X>>;
+
+/// The bytes a strided view spans, [lo, hi); empty for an empty view.
+struct address_range {
+  std::uintptr_t lo = 0, hi = 0;
+};
+template <class T, class D, std::size_t R>
+address_range address_range_of(const tensor_view<T, D, R>& v) noexcept {
+  index_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < R; ++i) {
+    if (v.shape()[i] <= 0) return {};
+    const index_t off = (v.shape()[i] - 1) * v.strides()[i];
+    (off < 0 ? lo : hi) += off;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(v.data_handle());
+  const auto elem = static_cast<index_t>(sizeof(T));
+  return {base - static_cast<std::uintptr_t>(-lo * elem), base + static_cast<std::uintptr_t>((hi + 1) * elem)};
+}
+/// Do two views share a byte (whatever their devices' address spaces)?
+template <class A, class B>
+bool views_overlap(const A& a, const B& b) noexcept {
+  const address_range x = address_range_of(a), y = address_range_of(b);
+  return x.lo < x.hi && y.lo < y.hi && x.lo < y.hi && y.lo < x.hi;
+}
+/// Same address and the same stride on every axis that has more than one position:
+/// each element of b is the element of a at the same index (shapes are equal).
+template <class A, class B>
+bool same_mapping(const A& a, const B& b) noexcept {
+  if (static_cast<const void*>(a.data_handle()) != static_cast<const void*>(b.data_handle())) return false;
+  for (std::size_t k = 0; k < a.shape().size(); ++k)
+    if (a.shape()[k] > 1 && a.strides()[k] != b.strides()[k]) return false;
+  return true;
 }
 
 /// Element-by-element copy between two host-accessible, possibly strided views.
@@ -82,50 +128,85 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 
 /// Copies src into dst (existing memory, any pair of devices). Same dtype and rank
 /// are compile-time rules; a shape mismatch throws shape_error and leaves dst as it
-/// was. Blocking when either side is host memory.
-template <TensorLike Src, TensorLike Dst>
+/// was. Blocking when either side is host memory. Overlapping sides are handled as
+/// the header says (the result is always that of a copy from a separate source).
+template <class Src, TensorLike Dst>
+  requires(TensorLike<Src> || detail::is_expression_v<Src>)
 void copy(const Src& src, Dst&& dst) {
-  using st = detail::tensor_traits<std::remove_cvref_t<Src>>;
-  using dt = detail::tensor_traits<std::remove_cvref_t<Dst>>;
-  static_assert(!std::is_const_v<typename dt::element_type>,
-                "locus: copy destination is a view of const elements; pass a tensor or a "
-                "mutable tensor_view");
-  if constexpr (!std::is_const_v<typename dt::element_type> &&  // reported above: one error
-                detail::require_same_copy_dtype<typename st::value_type, typename dt::value_type>() &&
-                detail::require_same_copy_rank<st::rank, dt::rank>()) {
-    using SD = typename st::device;
-    using DD = typename dt::device;
-    using T = typename dt::value_type;
-    const auto s = detail::as_view(src);
-    auto d = detail::as_view(dst);
-    if (s.shape() != d.shape())
-      throw shape_error("locus: copy from shape " + detail::shape_string(s.shape()) +
-                        " to shape " + detail::shape_string(d.shape()) +
-                        "; shapes must be equal (the destination was not changed)");
-    if (s.numel() == 0) return;
-    const T* sp = s.data_handle();
-    T* dp = d.data_handle();
-    if (s.is_contiguous() && d.is_contiguous()) {
-      detail::copy_bytes<SD, DD>(dp, sp, s.size_bytes());
-    } else if constexpr (SD::host_accessible && DD::host_accessible) {
-      detail::strided_host_copy(sp, s.shape(), s.strides(), dp, d.strides());
-    } else {
-      // One side is GPU memory and one side is strided: stage the strided host side
-      // through a contiguous host buffer. A strided cuda view needs a kernel.
-      if ((!SD::host_accessible && !s.is_contiguous()) || (!DD::host_accessible && !d.is_contiguous()))
-        throw shape_error("locus: copy of a non-contiguous cuda view of shape " +
-                          detail::shape_string(s.shape()) +
-                          " needs a gather kernel; copy through a contiguous cuda tensor "
-                          "(evaluate it in a .cu file) or copy whole rows");
-      tensor<T, cpu, dt::rank> staging(s.shape());
-      if constexpr (SD::host_accessible) {
-        detail::strided_host_copy(sp, s.shape(), s.strides(), staging.data_handle(),
-                                  staging.strides());
-        detail::copy_bytes<cpu, DD>(dp, staging.data_handle(), s.size_bytes());
+  if constexpr (detail::is_expression_v<Src>) {
+    static_assert(detail::always_false<Src>,
+                  "locus: copy() copies a tensor or tensor_view, but the source is an "
+                  "expression (a lazy tree with no memory yet); assign it instead, dst = e "
+                  "(same device: one fused kernel), or copy its value: "
+                  "locus::copy(locus::eval(e), dst)");
+  } else {
+    using st = detail::tensor_traits<std::remove_cvref_t<Src>>;
+    using dt = detail::tensor_traits<std::remove_cvref_t<Dst>>;
+    if constexpr (std::is_const_v<typename dt::element_type>) {
+      static_assert(detail::always_false<Dst>,
+                    "locus: copy destination is a view of const elements; pass a tensor or a "
+                    "mutable tensor_view");
+    } else if constexpr (std::is_const_v<std::remove_reference_t<Dst>> && dt::is_tensor) {
+      static_assert(detail::always_false<Dst>,
+                    "locus: copy destination is a const tensor (std::as_const(t), or a const& "
+                    "parameter), and copy writes into it; pass a mutable tensor: "
+                    "locus::copy(src, t)");
+    } else if constexpr (detail::require_same_copy_dtype<typename st::value_type, typename dt::value_type>() &&
+                         detail::require_same_copy_rank<st::rank, dt::rank>()) {
+      using SD = typename st::device;
+      using DD = typename dt::device;
+      using T = typename dt::value_type;
+      constexpr std::size_t R = dt::rank;
+      const tensor_view<const T, SD, R> s = detail::as_view(src);
+      const tensor_view<T, DD, R> d = detail::as_view(dst);
+      if (s.shape() != d.shape())
+        throw shape_error("locus: copy from shape " + detail::shape_string(s.shape()) +
+                          " to shape " + detail::shape_string(d.shape()) +
+                          "; shapes must be equal (the destination was not changed)");
+      if (s.numel() == 0) return;
+      // Both sides in one address space (host and host, or cuda and cuda) may overlap.
+      if constexpr (SD::host_accessible == DD::host_accessible) {
+        if (detail::views_overlap(s, d)) {
+          if (detail::same_mapping(s, d)) return;  // every element is its own source
+          if constexpr (SD::host_accessible) {
+            if (s.is_contiguous() && d.is_contiguous()) {
+              std::memmove(d.data_handle(), s.data_handle(), s.size_bytes());
+              return;
+            }
+          }
+          // Read the whole source into separate memory first (host temporaries are
+          // pageable: nothing asynchronous reads them).
+          using TD = std::conditional_t<SD::host_accessible, cpu, SD>;
+          tensor<T, TD, R> tmp(s.shape());
+          copy(s, tmp.view());
+          copy(std::as_const(tmp).view(), d);
+          return;
+        }
+      }
+      const T* sp = s.data_handle();
+      T* dp = d.data_handle();
+      if (s.is_contiguous() && d.is_contiguous()) {
+        detail::copy_bytes<SD, DD>(dp, sp, s.size_bytes());
+      } else if constexpr (SD::host_accessible && DD::host_accessible) {
+        detail::strided_host_copy(sp, s.shape(), s.strides(), dp, d.strides());
       } else {
-        detail::copy_bytes<SD, cpu>(staging.data_handle(), sp, s.size_bytes());
-        detail::strided_host_copy(staging.data_handle(), s.shape(), staging.strides(), dp,
-                                  d.strides());
+        // One side is GPU memory and one side is strided: stage the strided host side
+        // through a contiguous host buffer. A strided cuda view needs a kernel.
+        if ((!SD::host_accessible && !s.is_contiguous()) || (!DD::host_accessible && !d.is_contiguous()))
+          throw shape_error("locus: copy of a non-contiguous cuda view of shape " +
+                            detail::shape_string(s.shape()) +
+                            " needs a gather kernel; copy through a contiguous cuda tensor "
+                            "(evaluate it in a .cu file) or copy whole rows");
+        tensor<T, cpu, R> staging(s.shape());
+        if constexpr (SD::host_accessible) {
+          detail::strided_host_copy(sp, s.shape(), s.strides(), staging.data_handle(),
+                                    staging.strides());
+          detail::copy_bytes<cpu, DD>(dp, staging.data_handle(), s.size_bytes());
+        } else {
+          detail::copy_bytes<SD, cpu>(staging.data_handle(), sp, s.size_bytes());
+          detail::strided_host_copy(staging.data_handle(), s.shape(), staging.strides(), dp,
+                                    d.strides());
+        }
       }
     }
   }
@@ -133,12 +214,22 @@ void copy(const Src& src, Dst&& dst) {
 
 /// A new tensor on device D2 holding src's elements (blocking when host memory is
 /// involved). The only way, with copy() and to_async(), to change device.
-template <class D2, TensorLike Src>
+template <class D2, class Src>
+  requires(TensorLike<Src> || detail::is_expression_v<Src>)
 auto to(const Src& src) {
-  using st = detail::tensor_traits<std::remove_cvref_t<Src>>;
-  tensor<typename st::value_type, D2, st::rank> out(detail::as_view(src).shape());
-  copy(src, out);
-  return out;
+  if constexpr (detail::is_expression_v<Src>) {
+    static_assert(detail::always_false<Src>,
+                  "locus: to<D>() copies a tensor or tensor_view, but the argument is an "
+                  "expression (a lazy tree with no memory yet); evaluate it first: "
+                  "locus::to<D>(locus::eval(e)) (a cuda expression is evaluated by a kernel: "
+                  "in a .cu file)");
+    return 0;
+  } else {
+    using st = detail::tensor_traits<std::remove_cvref_t<Src>>;
+    tensor<typename st::value_type, D2, st::rank> out(detail::as_view(src).shape());
+    copy(src, out);
+    return out;
+  }
 }
 
 template <class T, class D, std::size_t R>
