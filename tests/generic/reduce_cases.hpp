@@ -170,3 +170,62 @@ TEST_CASE_TEMPLATE("one_hot puts a single one at each label", D, LOCUS_TEST_DEVI
     CHECK_THROWS_AS((void)locus::one_hot<float>(yb, 10), locus::index_error);
   }
 }
+
+TEST_CASE_TEMPLATE("sums of bool, u8, i32 and i64 accumulate in i64 and return i64, as PyTorch's do", D,
+                   LOCUS_TEST_DEVICES) {
+  auto item = [](const auto& s) { return locus::to<locus::cpu>(s).item(); };
+  auto vec = [](const auto& r) {
+    auto h = locus::to<locus::cpu>(r);
+    return std::vector<std::int64_t>(h.span().begin(), h.span().end());
+  };
+  // 300 u8 ones: 300 (a u8 result was 44).
+  auto u = locus::ones<std::uint8_t, D>({300});
+  auto su = locus::sum(u);
+  static_assert(std::is_same_v<decltype(su), locus::tensor<std::int64_t, D, 0>>);
+  CHECK(item(su) == 300);
+  // Three 2^30: 3 * 2^30 (an i32 result was negative).
+  auto i = locus::full<std::int32_t, D>({3}, 1 << 30);
+  static_assert(std::is_same_v<decltype(locus::sum(i)), locus::tensor<std::int64_t, D, 0>>);
+  CHECK(item(locus::sum(i)) == 3LL << 30);
+  // A bool mask counts (an expression, reduced without a temporary).
+  auto x = locus::arange<float, D>(-50, 250);
+  auto count = locus::sum(x >= 0.0f);
+  static_assert(std::is_same_v<decltype(count), locus::tensor<std::int64_t, D, 0>>);
+  CHECK(item(count) == 250);
+  // Long tensors (the parallel host path, several blocks): 100000 * 255 and 100000 * INT_MAX.
+  const locus::index_t n = 100000;
+  CHECK(item(locus::sum(locus::full<std::uint8_t, D>({n}, 255))) == n * 255);
+  CHECK(item(locus::sum(locus::full<std::int32_t, D>({n}, std::numeric_limits<std::int32_t>::max()))) ==
+        n * std::int64_t(std::numeric_limits<std::int32_t>::max()));
+  CHECK(item(locus::sum(locus::full<std::int32_t, D>({n}, std::numeric_limits<std::int32_t>::min()))) ==
+        n * std::int64_t(std::numeric_limits<std::int32_t>::min()));
+  // i64 sums beyond i64 wrap (two's complement, as torch.sum does), with no UB.
+  auto l = locus::from_host<D>(std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::max(), 1}, {2});
+  CHECK(item(locus::sum(l)) == std::numeric_limits<std::int64_t>::min());
+  // Empty: 0.
+  CHECK(item(locus::sum(locus::empty<std::uint8_t, D>({0}))) == 0);
+  // Along both axes (innermost: cuda's segmented path; the other: one thread per output), with keepdim.
+  std::vector<std::uint8_t> v(3 * 400);
+  for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<std::uint8_t>(200 + k % 56);
+  auto m = locus::from_host<D>(v, {3, 400});
+  std::vector<std::int64_t> rows(3, 0), cols(400, 0);
+  for (std::size_t r = 0; r < 3; ++r)
+    for (std::size_t c = 0; c < 400; ++c) rows[r] += v[r * 400 + c], cols[c] += v[r * 400 + c];
+  auto s1 = locus::sum(m, 1);
+  static_assert(std::is_same_v<decltype(s1), locus::tensor<std::int64_t, D, 1>>);
+  CHECK(vec(s1) == rows);
+  CHECK(vec(locus::sum(m, 0)) == cols);
+  static_assert(std::is_same_v<decltype(locus::sum(m, 1, locus::keepdim)), locus::tensor<std::int64_t, D, 2>>);
+  CHECK(vec(locus::sum(m, 1, locus::keepdim)) == rows);
+  auto mask = locus::eval(locus::cast<float>(m) > 227.5f);
+  std::vector<std::int64_t> mrows(3, 0);
+  for (std::size_t r = 0; r < 3; ++r)
+    for (std::size_t c = 0; c < 400; ++c) mrows[r] += v[r * 400 + c] > 227 ? 1 : 0;
+  CHECK(vec(locus::sum(mask, 1)) == mrows);
+  auto big = locus::full<std::int32_t, D>({2, 3000}, 1 << 30);
+  CHECK(vec(locus::sum(big, 1)) == std::vector<std::int64_t>(2, 3000LL << 30));
+  CHECK(vec(locus::sum(big, 0)) == std::vector<std::int64_t>(3000, 2LL << 30));
+  // max, min, argmax of integers keep their dtype.
+  static_assert(std::is_same_v<decltype(locus::max(u)), locus::tensor<std::uint8_t, D, 0>>);
+  CHECK(item(locus::max(m)) == 255);
+}
