@@ -57,7 +57,7 @@ address_range address_range_of(const tensor_view<T, D, R>& v) noexcept {
   const auto elem = static_cast<index_t>(sizeof(T));
   return {base - static_cast<std::uintptr_t>(-lo * elem), base + static_cast<std::uintptr_t>((hi + 1) * elem)};
 }
-/// Do two views share a byte (whatever their devices' address spaces)?
+/// Do two views share a byte? (Asked only of two views in one address space.)
 template <class A, class B>
 bool views_overlap(const A& a, const B& b) noexcept {
   const address_range x = address_range_of(a), y = address_range_of(b);
