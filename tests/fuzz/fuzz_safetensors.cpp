@@ -245,7 +245,8 @@ void write_seeds(const std::filesystem::path& dir) {
   locus::train::save_checkpoint(dir / "seed-fp16-sgd-scaler.safetensors", t.t16, 1);
 
   locus::io::writer w;
-  w.add("f32", locus::arange<float, locus::cpu>(6).reshape({2, 3}));
+  const auto f32 = locus::arange<float, locus::cpu>(6);  // kept: a view of a temporary does not compile
+  w.add("f32", f32.reshape({2, 3}));
   w.add("f64", locus::full<double, locus::cpu>({2, 1, 2}, 1.5));
   w.add("i32", locus::full<std::int32_t, locus::cpu>({3}, -7));
   w.add("i64", locus::full<std::int64_t, locus::cpu>({1, 1, 1, 2}, 1 << 20));

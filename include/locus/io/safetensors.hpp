@@ -12,8 +12,14 @@
 //   tensor_view<const float, locus::cuda, 2> w0 = a.get<float, 2>("0.weight");
 //
 // A missing, truncated or corrupt file, or a tensor of another dtype or rank than asked
-// for, throws locus::io_error naming the file and what is wrong. Needs nlohmann-json
-// (Debian: nlohmann-json3-dev; CMake target locus::json).
+// for, throws locus::io_error naming the file and what is wrong. The reader is written
+// for hostile files (load() lists what a file must be): nothing in it recurses over
+// the file's JSON (nesting is bounded before parsing, values in messages are never
+// serialised), no buffer is sized by a claim the file cannot back (a regular file's
+// size bounds every claim, a FIFO or device is read as its bytes arrive), and no byte
+// is handed out that reading as its dtype would make undefined (BOOL is 0 or 1). Keep
+// the archive in a variable while its views live: get() and flat() of a temporary do
+// not compile. Needs nlohmann-json (Debian: nlohmann-json3-dev; CMake target locus::json).
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON

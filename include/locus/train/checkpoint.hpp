@@ -16,7 +16,10 @@
 // losses, bit for bit on the CPU, as a run that never stopped: the loader's order is a
 // function of (seed, epoch), dropout's of (seed, counter), and everything else is state
 // in the file. Loading into a model of another shape throws shape_error listing every
-// mismatched tensor with both shapes.
+// mismatched tensor with both shapes. The metadata is read strictly (io_error
+// otherwise): counters are decimal digits only (no sign, space or exponent) within
+// their range, learning rates finite numbers as written (no space, '+', hex, inf or
+// nan), and format, policy and optimizer, when present, must be this trainer's.
 #pragma once
 
 #include <charconv>
