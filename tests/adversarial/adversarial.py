@@ -186,6 +186,24 @@ def build():
                          f"{ty('f32', db)} y = locus::to<locus::{db}>(a); locus::copy(a, b); "
                          f"locus::copy(a.view(), b.slice(0, b.extent(0))); (void)y;")
 
+    # views that escape or change device on the way through a function or an assignment
+    for d in DEVICES:
+        s.reject("temporaries", f"a {d} view of a local tensor returned from a function", "",
+                 f"auto make = []() -> {vty('f32', d, 1, True)} {{ auto t = locus::empty<float, locus::{d}>({{2}}); return t; }}; (void)make;",
+                 r"locus: a tensor_view of a temporary tensor would dangle")
+    for da, db in [("cuda", "cpu"), ("cpu", "cuda"), ("pinned", "cpu"), ("cuda", "pinned")]:
+        params = P(f"{ty('f32', da)}& a", f"{vty('f32', db, 1, True)}& v",
+                   f"const std::function<void({vty('f32', db, 1, True)})>& cb")
+        s.reject("transfers", f"a {db} view assigned a {da} view", params, "v = a.view();",
+                 r"locus: a view of \w+ memory cannot be a view of \w+ memory")
+        s.reject("transfers", f"a {da} tensor passed to a std::function of {db} views", params, "cb(a);",
+                 r"locus: a view of \w+ memory cannot be a view of \w+ memory")
+        s.reject("transfers", f"a {da} slice passed to a function of {db} views", params,
+                 f"auto take = []({vty('f32', db, 1, True)}) {{}}; take(a.slice(0, 1));",
+                 r"locus: a view of \w+ memory cannot be a view of \w+ memory")
+        s.accept("transfers", f"a {db} view of a transferred {da} tensor", params,
+                 f"auto h = locus::to<locus::{db}>(a); v = h.view(); cb(h); cb(h.slice(0, 1));")
+
     # ---- 6. no dtype conversion hides anywhere ------------------------------------------
     pairs = [("f32", "f64"), ("f64", "f32"), ("f32", "i32"), ("i32", "f32"), ("f32", "bf16"),
              ("bf16", "f32"), ("u8", "bool"), ("bool", "u8"), ("i64", "i32"), ("f16", "bf16")]
