@@ -302,6 +302,70 @@ def build():
                      f"auto y = locus::to<locus::{db}>(a * 2.0f); (void)y;", r"locus: .*locus::eval")
         s.reject("expressions", f"copy of a {da} expression", P(f"{ty('f32', da)}& a", f"{ty('f32', da)}& b"),
                  "locus::copy(a * 2.0f, b);", r"locus: ")
+    # ---- 15. scalars never change a tensor's dtype silently --------------------------
+    scalars = {"float": "0.5f", "double": "0.5", "locus::f16": "locus::f16(0.5f)", "locus::bf16": "locus::bf16(0.5f)"}
+    sops = [("*", "auto e = {x} * {s}; (void)e;"), ("+", "auto e = {s} + {x}; (void)e;"),
+            (">", "auto e = {x} > {s}; (void)e;"), ("maximum", "auto e = locus::maximum({x}, {s}); (void)e;"),
+            ("where", "auto e = locus::where({x} == {x}, {x}, {s}); (void)e;"), ("+=", "a += {s};")]
+    k = 0
+    for t in INTEGRAL:
+        for sn, sv in scalars.items():
+            for on, pat in sops:
+                f = ["tensor", "view", "slice"][k % 3]
+                k += 1
+                x = form(f, "a", t, "cpu")
+                s.reject("scalars", f"{sn} scalar {on} a {t} {f}", P(f"{ty(t, 'cpu')}& a"), pat.format(x=x, s=sv),
+                         r"locus: a floating-point scalar \(" + re.escape(sn) + r"\) with an? " + t + " tensor")
+        if t != "bool":
+            s.accept("scalars", f"integer scalars with a {t} tensor", P(f"{ty(t, 'cpu')}& a"),
+                     "auto e = a * 2 + 1; auto c = a > 3; auto m = locus::maximum(a, 7); a += 1; (void)e; (void)c; (void)m;")
+        s.accept("scalars", f"a {t} tensor cast to f32 first", P(f"{ty(t, 'cpu')}& a"),
+                 "auto e = locus::cast<float>(a) * 0.5f; auto c = locus::cast<float>(a) > 10.5f; (void)e; (void)c;")
+    for t in ["f32", "f64", "f16", "bf16"]:
+        s.accept("scalars", f"floating scalars with a {t} tensor", P(f"{ty(t, 'cpu')}& a"),
+                 "auto e = a * 0.5f + 2.0; auto c = a > 10.5f; a *= 0.25; (void)e; (void)c;")
+
+    # ---- 16. asynchronous copies: the pending owns what the copy touches ---------------
+    T = "float"
+    pin, dev = ty("f32", "pinned"), ty("f32", "cuda")
+    params = P(f"{pin}& h", f"{dev}& d", f"{dev}& g")
+    for name, stmt, rx in [
+        ("copy_async into an lvalue cuda tensor", "auto p = locus::copy_async(g, d);",
+         r"locus: copy_async takes ownership of its destination, but dst is an lvalue tensor"),
+        ("copy_async into an lvalue pinned tensor", "auto p = locus::copy_async(g, h);",
+         r"locus: copy_async takes ownership of its destination, but dst is an lvalue tensor"),
+        ("copy_async into a const cuda tensor", "auto p = locus::copy_async(g, std::move(std::as_const(d)));",
+         r"locus: copy_async destination is const"),
+        ("copy_async into a cuda view", "auto p = locus::copy_async(g, d.view());",
+         r"locus: the destination of copy_async is a tensor_view, which the pending cannot own"),
+        ("copy_async into a slice", "auto p = locus::copy_async(g.slice(0, 1), d.slice(0, 1));",
+         r"locus: the destination of copy_async is a tensor_view, which the pending cannot own"),
+        ("copy_async from an lvalue pinned tensor", "auto p = locus::copy_async(h, std::move(d));",
+         r"locus: the source of an asynchronous copy is a pinned tensor passed as an lvalue"),
+        ("copy_async from a const pinned tensor", "auto p = locus::copy_async(std::as_const(h), std::move(d));",
+         r"locus: the source of an asynchronous copy is a pinned tensor"),
+        ("copy_async from a pinned view", "auto p = locus::copy_async(h.view(), std::move(d));",
+         r"locus: the source of an asynchronous copy is a pinned tensor_view, which the pending cannot own"),
+        ("to_async from an lvalue pinned tensor", "auto p = locus::to_async<locus::cuda>(h);",
+         r"locus: the source of an asynchronous copy is a pinned tensor passed as an lvalue"),
+        ("to_async from a pinned slice", "auto p = locus::to_async<locus::cuda>(h.slice(0, 1));",
+         r"locus: the source of an asynchronous copy is a pinned tensor_view"),
+        ("to_async from pageable memory", f"{ty('f32', 'cpu')} c; auto p = locus::to_async<locus::cuda>(std::move(c));",
+         r"locus: to_async and copy_async need page-locked host memory, but the source is cpu"),
+        ("to_async to pageable memory", "auto p = locus::to_async<locus::cpu>(g);",
+         r"locus: to_async and copy_async need page-locked host memory, but the destination is cpu"),
+        ("to_async of an expression", "auto p = locus::to_async<locus::pinned>(g * 2.0f);",
+         r"locus: to_async and copy_async copy a tensor, but the source is an expression"),
+        ("pending dereferenced", "auto p = locus::to_async<locus::pinned>(g); (void)*p;", r"locus: .*get\(\)"),
+        ("pending converted to a tensor", f"auto p = locus::to_async<locus::pinned>(g); {pin} x = p; (void)x;", r"locus: .*get\(\)"),
+        ("pending copied", "auto p = locus::to_async<locus::pinned>(g); auto q = p; (void)q;",
+         r"(locus: pending is move-only|use of deleted function|call to deleted constructor)"),
+    ]:
+        s.reject("async", name, params, stmt + " (void)p;" if "auto p" in stmt and "(void)p" not in stmt else stmt, rx)
+    s.accept("async", "copies that own what they touch", params,
+             "auto p = locus::to_async<locus::cuda>(std::move(h)); auto [x, back] = std::move(p).get_with_source(); "
+             "auto q = locus::copy_async(g, std::move(d)); d = std::move(q).get(); auto r = locus::to_async<locus::pinned>(g.view()); "
+             "(void)x; (void)back; (void)r;")
     return s
 
 
