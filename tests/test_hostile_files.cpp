@@ -312,7 +312,7 @@ TEST_CASE("hostile safetensors: header lengths and data sections that do not fit
     const std::string case_text = what;
     CAPTURE(case_text);
     spit(path, file);
-    within_memory(1 << 20, [&] { CHECK(has(io_error_of([&] { (void)locus::io::load<locus::cpu>(path); }), what)); });
+    within_memory(1 << 20, [&] { CHECK(has(io_error_of([&] { (void)locus::io::load<locus::cpu>(path); }), case_text)); });
   }
   // An empty tensor may sit anywhere inside the data section, an empty file of tensors
   // is fine, and a header padded with spaces (as locus writes it) too.
