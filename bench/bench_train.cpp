@@ -103,7 +103,7 @@ int run(const args& a) {
         std::string(D::name).c_str(), a.precision == "fp32" ? "none" : a.precision.c_str(),
         static_cast<long long>(a.batch), a.threads, a.epochs, sps, dt, loss);
   };
-  if constexpr (P::requires_loss_scaling) {
+  if constexpr (locus::amp::needs_loss_scaling<P>) {
     locus::amp::grad_scaler<D> scaler;
     locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler);
     body(t);

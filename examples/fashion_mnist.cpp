@@ -256,7 +256,7 @@ int run(const config& c) {
   };
 
   const locus::train::options o{.accumulate = c.accumulate};
-  if constexpr (P::requires_loss_scaling) {
+  if constexpr (locus::amp::needs_loss_scaling<P>) {
     locus::amp::grad_scaler<D> scaler;
     locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler, o);
     return go(t);

@@ -21,7 +21,8 @@ double train_once() {
   model.reset_parameters(1);
   locus::optim::adamw<D> opt(model.parameters());
   locus::optim::sgd<D> plain(model.parameters(), {.lr = 0.01, .momentum = 0.9, .nesterov = true});
-  plain.step();
+  if constexpr (locus::amp::needs_loss_scaling<P>) plain.step(locus::optim::unscaled);
+  else plain.step();
   auto x = locus::randn<float, D>({32, 8}, 2);
   auto y = locus::cast<std::int64_t>(locus::rand<float, D>({32}, 3, 0.0, 3.99));
   auto labels = locus::eval(y);
