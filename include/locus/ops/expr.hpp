@@ -6,6 +6,15 @@
 // them anywhere, however deep, is a compile error naming both. Shapes broadcast by
 // NumPy's rules, checked at run time (shape_error naming both shapes).
 //
+// Scalars take the tensor's dtype and are held in its compute type (f32 for f16 and
+// bf16, so `h * 1e5f / 1e5f` is exact); they never change the result's dtype. A
+// floating scalar (float, double, f16, bf16) with an integer or bool tensor does not
+// compile (it would lose its fraction: cast the tensor, locus::cast<float>(t) * 0.5f);
+// an integer scalar outside the tensor's dtype (u8 + 300) is a locus::value_error.
+// Integer arithmetic wraps in two's complement (as PyTorch's does), division truncates
+// toward zero, MIN / -1 is MIN, and a zero divisor is a value_error raised before any
+// element is written (the divisor is scanned first, on its device).
+//
 // Operands are held by reference (as views), like Eigen's expressions: keep the
 // tensors alive until the expression is evaluated (evaluate in the same statement, or
 // keep named tensors).
