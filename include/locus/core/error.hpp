@@ -38,6 +38,15 @@ class io_error : public error {
   using error::error;
 };
 
+/// A value the operation cannot represent or define: an integer scalar outside its
+/// tensor's dtype, integer division by zero, an integer to a negative scalar power,
+/// an integer arange or fill that is not a whole number in range. (PyTorch raises a
+/// RuntimeError for each; locus raises this, a locus::error.)
+class value_error : public error {
+ public:
+  using error::error;
+};
+
 /// A failed allocation, with the numbers behind it. Replaces an untyped
 /// "CUDA out of memory" string: the caller can read how much was asked for and how
 /// much the allocator held, and decide (smaller batch, accumulate gradients).

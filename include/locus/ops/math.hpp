@@ -16,18 +16,6 @@
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 
-namespace locus {
-
-/// A value the operation cannot represent or define: an integer scalar outside its
-/// tensor's dtype, integer division by zero, an integer to a negative scalar power,
-/// an integer arange or fill that is not a whole number in range. (PyTorch raises a
-/// RuntimeError for each; locus raises this, a locus::error.)
-class value_error : public error {
- public:
-  using error::error;
-};
-
-}  // namespace locus
 
 namespace locus::detail {
 
