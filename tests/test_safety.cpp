@@ -12,7 +12,9 @@
 #include <variant>
 #include <vector>
 
+#include <locus/data/loader.hpp>
 #include <locus/locus.hpp>
+#include <locus/train.hpp>
 
 #include "host_devices.hpp"
 
@@ -149,4 +151,108 @@ TEST_CASE_TEMPLATE("printing works on every host device", D, LOCUS_TEST_DEVICES)
   std::ostringstream os;
   os << t;
   CHECK(os.str() == "tensor([0.0000, 1.0000], shape=[2], dtype=f32, device=" + std::string(D::name) + ")");
+}
+
+// ---- what an outside review found (each failed before its fix) -------------------------
+TEST_CASE("unsafe_view refuses a writable view that maps two elements to one address") {
+  float cell = 0.0f;
+  CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(&cell, {1 << 20}, {0}), locus::shape_error);
+  std::vector<float> buf(8);
+  // rows that overlap columns: {2, 3} with strides {1, 1} reaches element 1 twice
+  CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {2, 3}, {1, 1}), locus::shape_error);
+  CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {3, 2}, {1, 1}), locus::shape_error);
+  // disjoint layouts pass, in any axis order; extent-1 axes may have any stride
+  CHECK_NOTHROW((void)locus::unsafe_view<locus::cpu>(buf.data(), {2, 4}, {1, 2}));
+  CHECK_NOTHROW((void)locus::unsafe_view<locus::cpu>(buf.data(), {1, 8}, {0, 1}));
+  // a view of const elements may overlap itself (a broadcast read)
+  const float* c = buf.data();
+  auto b = locus::unsafe_view<locus::cpu>(c, {4, 8}, {0, 1});
+  CHECK(b(3, 7) == 0.0f);
+}
+
+TEST_CASE("a slice of an empty view offsets no null pointer") {
+  auto t = locus::zeros<float, locus::cpu>({0, 5});
+  auto s = locus::transpose(t).slice(2, 4);
+  CHECK(s.numel() == 0);
+  CHECK(s.data_handle() == t.data_handle());
+}
+
+TEST_CASE("empty<bool> holds only valid bools") {
+  auto b = locus::empty<bool, locus::cpu>({4096});
+  CHECK(locus::sum(b).item() == 0);  // UBSan: a stray byte is an invalid bool
+}
+
+TEST_CASE("var with a correction at or past the element count is inf, as torch.var's") {
+  auto x = locus::arange<float, locus::cpu>(3);  // 0, 1, 2: squared deviations sum to 2
+  CHECK(std::isinf(locus::var(x, locus::correction(5)).item()));
+  CHECK(std::isinf(locus::var(x, locus::correction(3)).item()));
+  CHECK(locus::var(x, locus::correction(2)).item() == doctest::Approx(2.0));
+  CHECK_THROWS_AS((void)locus::correction(-1.0), locus::value_error);
+  CHECK_THROWS_AS((void)locus::correction(std::nan("")), locus::value_error);
+}
+
+TEST_CASE("an integer arange at the bottom of i64 does not wrap") {
+  // in double, -2^63 - 1024 rounds to -2^63; the exact last element is out of range
+  auto past_the_bottom = [] {
+    return locus::arange<std::int64_t, locus::cpu>(-9223372036854775808.0, -9223372036854777856.0, -1024.0);
+  };
+  CHECK_THROWS_AS((void)past_the_bottom(), locus::value_error);
+  auto ok = locus::arange<std::int64_t, locus::cpu>(-9223372036854775808.0, -9223372036854774784.0, 1024.0);
+  REQUIRE(ok.numel() == 1);
+  CHECK(ok(0) == std::numeric_limits<std::int64_t>::min());
+}
+
+TEST_CASE("optimizer options are checked at construction, as torch.optim's") {
+  namespace nn = locus::nn;
+  using P = locus::amp::fp32;
+  nn::sequential model(nn::linear<locus::cpu, P>(4, 3));
+  using adamw = locus::optim::adamw<locus::cpu>;
+  using sgd = locus::optim::sgd<locus::cpu>;
+  CHECK_THROWS_AS(adamw(model.parameters(), {.lr = std::nan("")}), locus::value_error);
+  CHECK_THROWS_AS(adamw(model.parameters(), {.lr = -1.0}), locus::value_error);
+  CHECK_THROWS_AS(adamw(model.parameters(), {.lr = 1e300}), locus::value_error);  // inf in f32
+  CHECK_THROWS_AS(adamw(model.parameters(), {.beta1 = 1.0}), locus::value_error);
+  CHECK_THROWS_AS(adamw(model.parameters(), {.beta2 = -0.1}), locus::value_error);
+  CHECK_THROWS_AS(adamw(model.parameters(), {.eps = -1.0}), locus::value_error);
+  CHECK_THROWS_AS(adamw(model.parameters(), {.weight_decay = std::numeric_limits<double>::infinity()}), locus::value_error);
+  CHECK_THROWS_AS(sgd(model.parameters(), {.momentum = -0.5}), locus::value_error);
+  adamw ok(model.parameters(), {.lr = 0.0});
+  CHECK_THROWS_AS(ok.set_lr(std::nan("")), locus::value_error);
+  CHECK(ok.lr() == 0.0);
+  ok.set_lr(1e-3);
+  CHECK(ok.lr() == 1e-3);
+}
+
+TEST_CASE("a trainer whose model was replaced or moved from refuses to step") {
+  namespace nn = locus::nn;
+  using P = locus::amp::fp32;
+  auto make = [] { return nn::sequential(nn::linear<locus::cpu, P>(4, 3)); };
+  auto x = locus::zeros<float, locus::cpu>({2, 4});
+  auto y = locus::zeros<std::int64_t, locus::cpu>({2});
+  {
+    auto model = make();
+    locus::optim::sgd<locus::cpu> opt(model.parameters(), {.lr = 0.1});
+    locus::train::trainer t(model, opt, nn::cross_entropy{});
+    t.step(x, y);
+    model = make();  // frees the buffers the optimizer writes (ASan: heap-use-after-free before)
+    CHECK_THROWS_AS(t.step(x, y), locus::error);
+  }
+  {
+    auto model = make();
+    locus::optim::sgd<locus::cpu> opt(model.parameters(), {.lr = 0.1});
+    locus::train::trainer t(model, opt, nn::cross_entropy{});
+    auto kept = std::move(model);
+    CHECK_THROWS_AS(t.step(x, y), locus::error);
+    (void)kept;
+  }
+}
+
+TEST_CASE("a loader with a batch larger than anything counts its batches without overflow") {
+  auto ds = locus::data::idx_dataset(locus::zeros<std::uint8_t, locus::cpu>({10, 2, 2}),
+                                     locus::zeros<std::int64_t, locus::cpu>({10}));
+  locus::data::loader<locus::cpu> l(ds, {.batch_size = std::numeric_limits<locus::index_t>::max()});
+  CHECK(l.size() == 1);
+  locus::index_t seen = 0;
+  for (auto& [bx, by] : l) seen += bx.extent(0) + 0 * by.extent(0);
+  CHECK(seen == 10);
 }

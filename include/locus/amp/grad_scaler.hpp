@@ -42,7 +42,7 @@ class grad_scaler {
   explicit grad_scaler(grad_scaler_options o = {}) : o_(o) {
     if (!(o.init_scale > 0.0f) || !(o.growth_factor > 1.0f) || !(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f) ||
         o.growth_interval < 1)
-      throw std::invalid_argument(
+      throw ::locus::value_error(
           "locus: grad_scaler needs init_scale > 0, growth_factor > 1, backoff_factor in (0, 1) and "
           "growth_interval >= 1");
     detail::step_state s{};
@@ -108,7 +108,7 @@ class grad_scaler {
     if (t.numel() != 3)
       throw shape_error("locus: grad_scaler state has " + std::to_string(t.numel()) + " values; expected 3");
     if (!valid_state(t))
-      throw std::invalid_argument("locus: grad_scaler state [" + std::to_string(t(0)) + ", " + std::to_string(t(1)) +
+      throw ::locus::value_error("locus: grad_scaler state [" + std::to_string(t(0)) + ", " + std::to_string(t(1)) +
                                   ", " + std::to_string(t(2)) +
                                   "] is not [scale > 0, growth tracker >= 0, skipped steps >= 0] (finite, the "
                                   "counts whole)");

@@ -454,7 +454,15 @@ class idx_dataset {
   [[nodiscard]] index_t features() const noexcept { return rows() * cols(); }
 
   /// The images as stored, u8 [N, rows, cols].
-  [[nodiscard]] tensor_view<const std::uint8_t, cpu, 3> images() const noexcept { return images_.view(); }
+  [[nodiscard]] tensor_view<const std::uint8_t, cpu, 3> images() const& noexcept { return images_.view(); }
+  // Prevents: a view into a temporary dataset (idx_dataset(...).images()).
+  template <class U = std::uint8_t>
+  tensor_view<const U, cpu, 3> images() const&& {
+    static_assert(locus::detail::always_false<U>,
+                  "locus: images() of a temporary dataset would dangle: the dataset is freed at the end "
+                  "of the statement; keep it in a variable first: auto ds = ...; then ds.images()");
+    return {};
+  }
   /// The images as float in [0, 1] (x / 255), a new tensor [N, rows, cols].
   [[nodiscard]] tensor<float, cpu, 3> images_normalized() const {
     tensor<float, cpu, 3> out(images_.shape());
@@ -462,7 +470,14 @@ class idx_dataset {
     return out;
   }
   /// The labels, i64 [N].
-  [[nodiscard]] tensor_view<const std::int64_t, cpu, 1> labels() const noexcept { return labels_.view(); }
+  [[nodiscard]] tensor_view<const std::int64_t, cpu, 1> labels() const& noexcept { return labels_.view(); }
+  template <class U = std::int64_t>
+  tensor_view<const U, cpu, 1> labels() const&& {
+    static_assert(locus::detail::always_false<U>,
+                  "locus: labels() of a temporary dataset would dangle: the dataset is freed at the end "
+                  "of the statement; keep it in a variable first: auto ds = ...; then ds.labels()");
+    return {};
+  }
 
   /// Sample i for data::loader: writes its features() normalised pixels to x and
   /// returns its label.

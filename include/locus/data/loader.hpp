@@ -210,7 +210,7 @@ class loader {
   /// Batches this rank yields per epoch.
   [[nodiscard]] index_t size() const {
     const index_t n = shard_size(), bs = options_.batch_size;
-    return options_.drop_last ? n / bs : (n + bs - 1) / bs;
+    return options_.drop_last ? n / bs : n / bs + (n % bs != 0 ? 1 : 0);  // no n + bs overflow
   }
   /// The dataset indices this rank reads in the current epoch, in order (dropped
   /// tail included: drop_last only stops before it).

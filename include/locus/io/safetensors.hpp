@@ -103,7 +103,7 @@ class writer {
     using T = typename tr::value_type;
     static_assert(detail::st_dtype<T>()[0] != '\0', "locus: safetensors stores f32, f64, f16, bf16, i32, i64, u8 and bool");
     if (name == "__metadata__" || name.empty())
-      throw std::invalid_argument("locus: '" + name + "' is not a valid safetensors tensor name");
+      throw ::locus::value_error("locus: '" + name + "' is not a valid safetensors tensor name");
     const auto h = to<cpu>(locus::detail::as_view_const(x));
     item it;
     it.dtype = detail::st_dtype<T>();

@@ -305,7 +305,7 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
 
   explicit dropout(float p, std::uint64_t seed = 0) : p_(p), seed_(seed) {
     if (!(p >= 0.0f && p < 1.0f))
-      throw std::invalid_argument("locus: dropout probability must be in [0, 1), got " + std::to_string(p));
+      throw ::locus::value_error("locus: dropout probability must be in [0, 1), got " + std::to_string(p));
   }
   void declare(parameter_store<D, policy>&, const std::string&) {}
   void bind(parameter_store<D, policy>&) {}

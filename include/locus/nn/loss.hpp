@@ -56,7 +56,7 @@ class cross_entropy_state {
 
   explicit cross_entropy_state(cross_entropy o) : eps_(static_cast<A>(o.label_smoothing)) {
     if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
-      throw std::invalid_argument("locus: label_smoothing must be in [0, 1], got " +
+      throw ::locus::value_error("locus: label_smoothing must be in [0, 1], got " +
                                   std::to_string(o.label_smoothing));
     bad_ = zeros<std::int64_t, D>(extents<1>{3});
   }

@@ -51,7 +51,7 @@ class parameter_store {
 
   /// Declares a parameter (before allocate()); returns its index.
   std::size_t add(std::string name, std::initializer_list<index_t> shape) {
-    if (allocated_) throw std::logic_error("locus: parameter '" + name + "' declared after allocate()");
+    if (allocated_) throw ::locus::error("locus: parameter '" + name + "' declared after allocate()");
     parameter_info p;
     p.name = std::move(name);
     p.shape.assign(shape.begin(), shape.end());

@@ -42,6 +42,13 @@ inline constexpr keepdim_t keepdim{};
 
 namespace detail {
 
+/// var's divisor, max(0, n - correction) as torch.var's: a correction at or past the
+/// element count gives inf (or NaN for 0/0), never a negative variance.
+LOCUS_HOST_DEVICE inline double var_divisor(index_t n, double correction) {
+  const double d = static_cast<double>(n) - correction;
+  return d > 0.0 ? d : 0.0;
+}
+
 /// Reads element i (row-major over `shape`) of an expression evaluator.
 template <class Ev, std::size_t R, bool Linear>
 struct flat_reader {
@@ -317,7 +324,7 @@ struct axis_reduce_kernel {
           out[o] = store<Out>(mean);
         } else {
           const W ss = blocked_sum<true>(idx, static_cast<A>(mean));
-          out[o] = store<Out>(ss / (static_cast<W>(len) - static_cast<W>(correction)));
+          out[o] = store<Out>(ss / static_cast<W>(var_divisor(len, correction)));
         }
       }
     }
@@ -468,7 +475,7 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
       } else {
         const square_dev_reader<decltype(ev), R> sq{ev, sh, &mean};
         const double ss = host_reduce<sum_op, double>(n, sq);
-        *out = store<Out>(static_cast<A>(ss / (static_cast<double>(n) - correction)));
+        *out = store<Out>(static_cast<A>(ss / var_divisor(n, correction)));
       }
     }
   } else if constexpr (require_kernel_compiler<D>()) {
@@ -511,7 +518,7 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
         auto sq = make_transform_iterator(counting_iterator<index_t>(0),
                                           square_dev_reader<decltype(ev), R>{ev, sh, tmp + 1});
         cub_reduce(sq, tmp, n, sum_op{}, 0.0);
-        launch_n<D>(1, scale_store<double, Out>{tmp, out, 1.0 / (static_cast<double>(n) - correction)});
+        launch_n<D>(1, scale_store<double, Out>{tmp, out, 1.0 / var_divisor(n, correction)});
       }
       alloc.deallocate(tmp);
     }
@@ -643,11 +650,15 @@ LOCUS_DETAIL_REDUCTION(argmax, argmax)
 LOCUS_DETAIL_REDUCTION(argmin, argmin)
 #undef LOCUS_DETAIL_REDUCTION
 
-/// Bessel's correction for var(): the divisor is n - correction (1 by default, like
-/// torch.var; correction(0) gives the population variance).
+/// Bessel's correction for var(): the divisor is max(0, n - correction) (1 by default,
+/// like torch.var; correction(0) gives the population variance). NaN, negative or
+/// huge corrections are a value_error.
 struct correction {
   double value = 1.0;
-  constexpr explicit correction(double v) : value(v) {}
+  explicit correction(double v) : value(v) {
+    if (!(v >= 0.0) || !(v <= 9.0e15))
+      throw value_error("locus: var correction must be a finite number >= 0, got " + std::to_string(v));
+  }
 };
 
 /// Variance: two passes (mean, then squared deviations), accumulated in f64 for

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <numbers>
 #include <string>
 
@@ -99,13 +100,27 @@ struct bound_parameters {
 
 /// What adamw and sgd share: the bound parameters, the options, the step counter and
 /// the per-step scalars on D, and the accessors over them.
+/// PyTorch's "Invalid learning rate" and friends: an option that is NaN, infinite, not
+/// representable in f32 (the kernels' precision) or outside its range is a value_error
+/// at construction, before any step could turn the weights into NaN.
+inline void check_option(const char* name, double v, double lo, bool below_one) {
+  if (!(v >= lo) || !(v <= std::numeric_limits<float>::max()) || (below_one && !(v < 1.0)))
+    throw ::locus::value_error(std::string("locus: optimizer option ") + name + " = " + std::to_string(v) +
+                               " is invalid; it must be a finite number " +
+                               (below_one ? "in [0, 1)" : lo == 0.0 ? ">= 0" : "> 0"));
+}
+
 template <Device D, class Options>
 class optimizer_base {
  public:
   using device = D;
 
   [[nodiscard]] double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
+  /// A learning rate must be a finite number >= 0 that f32 holds (value_error).
+  void set_lr(double lr) {
+    check_option("lr", lr, 0.0, false);
+    o_.lr = lr;
+  }
   [[nodiscard]] const Options& options() const noexcept { return o_; }
   /// Steps taken (skipped ones not counted); reads one integer back from D.
   [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
@@ -190,9 +205,18 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
  public:
   static constexpr const char* kind = "adamw";
 
+  static adamw_options checked(const adamw_options& o) {
+    detail::check_option("lr", o.lr, 0.0, false);
+    detail::check_option("beta1", o.beta1, 0.0, true);
+    detail::check_option("beta2", o.beta2, 0.0, true);
+    detail::check_option("eps", o.eps, 0.0, false);
+    detail::check_option("weight_decay", o.weight_decay, 0.0, false);
+    return o;
+  }
+
   template <Device MD, class Policy>
   adamw(nn::parameter_store<MD, Policy>& params, adamw_options o = {})
-      : base(params, o),
+      : base(params, checked(o)),
         m_(zeros<float, D>(extents<1>{this->params_.n})),
         v_(zeros<float, D>(extents<1>{this->params_.n})) {}
 
@@ -251,10 +275,18 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
  public:
   static constexpr const char* kind = "sgd";
 
+  static sgd_options checked(const sgd_options& o) {
+    detail::check_option("lr", o.lr, 0.0, false);
+    detail::check_option("momentum", o.momentum, 0.0, false);
+    detail::check_option("dampening", o.dampening, 0.0, false);
+    detail::check_option("weight_decay", o.weight_decay, 0.0, false);
+    return o;
+  }
+
   template <Device MD, class Policy>
-  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {}) : base(params, o) {
+  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {}) : base(params, checked(o)) {
     if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
-      throw std::invalid_argument("locus: Nesterov momentum needs momentum > 0 and dampening 0");
+      throw ::locus::value_error("locus: Nesterov momentum needs momentum > 0 and dampening 0");
     if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{this->params_.n});
   }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <cstring>
+#include <limits>
 #include <iterator>
 #include <span>
 #include <type_traits>
@@ -54,6 +55,7 @@ struct arange_fill {
 /// which rounding is meant.
 template <class T>
 void check_integer_arange(double start, double stop, double step, index_t n) {
+  __extension__ typedef __int128 wide_int;  // exact for any int64 start + i * step
   const auto args = [&] {
     return "arange<" + std::string(dtype_name<T>) + ">(" + detail::number_string(start) + ", " +
            detail::number_string(stop) + ", " + detail::number_string(step) + ")";
@@ -65,8 +67,13 @@ void check_integer_arange(double start, double stop, double step, index_t n) {
                       (std::is_same_v<T, bool> ? std::string("bool") : "locus::" + std::string(dtype_name<T>)) +
                       ">(locus::arange<double, D>(start, stop, step)) (truncates each element)");
   if (n == 0) return;
-  const double last = start + static_cast<double>(n - 1) * step;
-  if (!whole_number_fits<T>(start) || !whole_number_fits<T>(last))
+  // The last element exactly, in 128-bit integers (in double, -2^63 - 1024 rounds to
+  // -2^63 and passed; the elements then wrapped).
+  const wide_int last = static_cast<wide_int>(static_cast<std::int64_t>(start)) +
+                        static_cast<wide_int>(n - 1) * static_cast<wide_int>(static_cast<std::int64_t>(step));
+  const wide_int lo = std::is_same_v<T, bool> ? 0 : static_cast<wide_int>(std::numeric_limits<T>::lowest());
+  const wide_int hi = std::is_same_v<T, bool> ? 1 : static_cast<wide_int>(std::numeric_limits<T>::max());
+  if (!whole_number_fits<T>(start) || last < lo || last > hi)
     throw value_error("locus: " + args() + " has elements outside the range of " + std::string(dtype_name<T>) +
                       " (" + dtype_range_string<T>() + "); use a wider dtype");
 }
@@ -112,16 +119,6 @@ inline constexpr bool factory_args_ok = Dtype<T> && is_device_v<D>;
 
 }  // namespace detail
 
-/// Uninitialised tensor of the given shape.
-template <class T, class D, std::size_t R>
-tensor<T, D, R> empty(const extents<R>& shape) {
-  return tensor<T, D, R>(shape);
-}
-template <class T, class D, std::size_t R>
-tensor<T, D, R> empty(const index_t (&shape)[R]) {
-  return tensor<T, D, R>(detail::to_extents(shape));
-}
-
 /// All-zero tensor (a memset: no kernel, so it works in host-compiled files on cuda).
 template <class T, class D, std::size_t R>
 tensor<T, D, R> zeros(const extents<R>& shape) {
@@ -140,6 +137,19 @@ tensor<T, D, R> zeros(const extents<R>& shape) {
 template <class T, class D, std::size_t R>
 tensor<T, D, R> zeros(const index_t (&shape)[R]) {
   return zeros<T, D>(detail::to_extents(shape));
+}
+
+/// Uninitialised tensor of the given shape (bool: zeroed).
+template <class T, class D, std::size_t R>
+tensor<T, D, R> empty(const extents<R>& shape) {
+  // bool is the one dtype whose stray bytes are undefined behaviour to read (a bool
+  // holds 0 or 1): empty<bool> is zeros<bool>, for the price of a memset.
+  if constexpr (std::is_same_v<T, bool>) return zeros<T, D>(shape);
+  else return tensor<T, D, R>(shape);
+}
+template <class T, class D, std::size_t R>
+tensor<T, D, R> empty(const index_t (&shape)[R]) {
+  return empty<T, D>(detail::to_extents(shape));
 }
 
 /// Tensor with every element equal to value (converted to T: rounded for f16/bf16). An

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -343,7 +345,9 @@ class tensor_view {
     detail::check_slice(begin, end, shape_[0]);
     extents<R> s = shape_;
     s[0] = end - begin;
-    return {detail::raw_view_key{}, data_ + begin * strides_[0], s, strides_};
+    // no offset on an empty view: its pointer may be null (offsetting one is UB)
+    T* p = s[0] == 0 || detail::numel_of(s) == 0 ? data_ : data_ + begin * strides_[0];
+    return {detail::raw_view_key{}, p, s, strides_};
   }
 
   /// A contiguous deep copy in a new tensor on the same device (defined in
@@ -639,6 +643,24 @@ template <Device D, class T, std::size_t R>
     if (p == nullptr)
       throw shape_error("locus: unsafe_view of a null pointer with shape " + detail::shape_string(shape) +
                         " (" + std::to_string(n) + " elements)");
+    if constexpr (!std::is_const_v<T>) {
+      // A writable view must not map two elements to one address (a write through it
+      // would race with itself, as PyTorch's internal-overlap check says): axes taken
+      // by increasing stride, each stride must pass everything the smaller ones reach.
+      std::array<std::size_t, R> order{};
+      for (std::size_t a = 0; a < R; ++a) order[a] = a;
+      std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return strides[x] < strides[y]; });
+      index_t reach = 0;
+      for (std::size_t a : order) {
+        if (shape[a] <= 1) continue;
+        if (strides[a] <= reach)
+          throw shape_error("locus: unsafe_view of shape " + detail::shape_string(shape) + " with strides " +
+                            detail::shape_string(strides) +
+                            " maps two elements to one address; a writable view must not overlap "
+                            "itself (a view of const elements may, e.g. a stride of 0 to broadcast)");
+        reach += strides[a] * (shape[a] - 1);
+      }
+    }
   }
   return tensor_view<T, D, R>(detail::raw_view_key{}, p, shape, strides);
 }

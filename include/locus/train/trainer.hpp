@@ -169,6 +169,7 @@ class trainer {
   template <class X, class Y>
   void step(const X& x, const Y& y) {
     if constexpr (!check_batch<X, Y>()) return;
+    check_bound(true);
     auto xv = input(x);
     auto yv = target(y);
     try {
@@ -362,19 +363,29 @@ class trainer {
     }
   }
 
+  /// The optimizer updates this trainer's model: at construction (another model's
+  /// optimizer), and before every step (the model was assigned over or moved from after
+  /// the trainer was built, which frees or replaces the buffers the optimizer writes).
+  void check_bound(bool later) const {
+    if (opt_->bound_to(model_->parameters())) return;
+    throw error(std::string(later ? "locus: the trainer's model no longer holds the parameters its optimizer "
+                                    "was built over (the model was assigned a new one or moved from after "
+                                    "the trainer was built; "
+                                  : "locus: the trainer's optimizer was built over another model's parameters (") +
+                std::to_string(opt_->bound_size()) + " elements at " + address(opt_->bound_data()) +
+                "), not this trainer's model's (" + std::to_string(model_->parameters().size()) +
+                " elements at " + address(model_->parameters().master().data_handle()) +
+                "): its steps would update memory this model does not own; build the optimizer (and the "
+                "trainer) from the model that trains: locus::optim::adamw<D> opt(model.parameters())");
+  }
+
   void init() {
     if (o_.accumulate < 1)
-      throw std::invalid_argument("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
+      throw ::locus::value_error("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
     // An optimizer built over another model's parameters would update that model on
     // every step while this one never trains (and the other trains on this one's
     // gradients): refused here, before any step.
-    if (!opt_->bound_to(model_->parameters()))
-      throw error("locus: the trainer's optimizer was built over another model's parameters (" +
-                  std::to_string(opt_->bound_size()) + " elements at " + address(opt_->bound_data()) +
-                  "), not this trainer's model's (" + std::to_string(model_->parameters().size()) +
-                  " elements at " + address(model_->parameters().master().data_handle()) +
-                  "): its steps would update the other model and this one would never train; build the "
-                  "optimizer from this model: locus::optim::adamw<D> opt(model.parameters())");
+    check_bound(false);
     base_lr_ = opt_->lr();
     running_ = zeros<A, device>(extents<1>{1});
     const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
