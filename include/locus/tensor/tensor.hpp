@@ -679,6 +679,31 @@ template <Device D, class T, std::size_t R>
 }
 
 namespace detail {
+/// The bytes a strided view spans, [lo, hi); empty for an empty view.
+struct byte_range {
+  std::uintptr_t lo = 0, hi = 0;
+};
+template <std::size_t R>
+byte_range range_of(const void* p, const extents<R>& shape, const extents<R>& strides,
+                    std::size_t elem) noexcept {
+  index_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < R; ++i) {
+    if (shape[i] <= 0) return {};
+    const index_t off = (shape[i] - 1) * strides[i];
+    (off < 0 ? lo : hi) += off;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  return {base + static_cast<std::uintptr_t>(lo * static_cast<index_t>(elem)),
+          base + static_cast<std::uintptr_t>((hi + 1) * static_cast<index_t>(elem))};
+}
+inline bool ranges_overlap(const byte_range& a, const byte_range& b) noexcept {
+  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+template <class T, class D, std::size_t R>
+byte_range range_of(const tensor_view<T, D, R>& v) noexcept {
+  return range_of(static_cast<const void*>(v.data_handle()), v.shape(), v.strides(), sizeof(T));
+}
+
 /// locus's own door for memory it allocated (no checks: the shapes are its own).
 template <class D, class T, std::size_t R>
 tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape) noexcept {

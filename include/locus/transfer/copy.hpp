@@ -41,27 +41,10 @@ auto as_view(X& x) noexcept {
 template <class X>
 inline constexpr bool is_expression_v = std::is_base_of_v<expression_tag, std::remove_cvref_t<X>>;
 
-/// The bytes a strided view spans, [lo, hi); empty for an empty view.
-struct address_range {
-  std::uintptr_t lo = 0, hi = 0;
-};
-template <class T, class D, std::size_t R>
-address_range address_range_of(const tensor_view<T, D, R>& v) noexcept {
-  index_t lo = 0, hi = 0;
-  for (std::size_t i = 0; i < R; ++i) {
-    if (v.shape()[i] <= 0) return {};
-    const index_t off = (v.shape()[i] - 1) * v.strides()[i];
-    (off < 0 ? lo : hi) += off;
-  }
-  const auto base = reinterpret_cast<std::uintptr_t>(v.data_handle());
-  const auto elem = static_cast<index_t>(sizeof(T));
-  return {base - static_cast<std::uintptr_t>(-lo * elem), base + static_cast<std::uintptr_t>((hi + 1) * elem)};
-}
 /// Do two views share a byte? (Asked only of two views in one address space.)
 template <class A, class B>
 bool views_overlap(const A& a, const B& b) noexcept {
-  const address_range x = address_range_of(a), y = address_range_of(b);
-  return x.lo < x.hi && y.lo < y.hi && x.lo < y.hi && y.lo < x.hi;
+  return ranges_overlap(range_of(a), range_of(b));
 }
 /// Same address and the same stride on every axis that has more than one position:
 /// each element of b is the element of a at the same index (shapes are equal).
