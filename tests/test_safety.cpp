@@ -28,8 +28,11 @@ static_assert(!std::is_copy_constructible_v<H1>);
 static_assert(!std::is_copy_assignable_v<H1>);
 static_assert(std::is_nothrow_move_constructible_v<H1>);
 static_assert(std::is_nothrow_move_assignable_v<H1>);
+#if LOCUS_HAS_CUDA  // (naming cuda is itself an error in a build without CUDA)
 static_assert(!std::is_convertible_v<locus::tensor<float, locus::cuda, 1>, H1>);
 static_assert(!std::is_constructible_v<H1, locus::tensor<float, locus::cuda, 1>>);
+static_assert(!std::is_copy_constructible_v<std::variant<H1, locus::tensor<float, locus::cuda, 1>>>);
+#endif
 static_assert(!std::is_convertible_v<locus::tensor<double, locus::cpu, 1>, H1>);
 static_assert(!std::is_convertible_v<locus::tensor<float, locus::cpu, 2>, H1>);
 // views of lvalue tensors are the cheap handles they should be
@@ -41,7 +44,7 @@ static_assert(std::is_trivially_copyable_v<V1>);
 // std::optional and std::variant of a tensor are move-only too
 static_assert(!std::is_copy_constructible_v<std::optional<H1>>);
 static_assert(std::is_move_constructible_v<std::optional<H1>>);
-static_assert(!std::is_copy_constructible_v<std::variant<H1, locus::tensor<float, locus::cuda, 1>>>);
+static_assert(!std::is_copy_constructible_v<std::variant<H1, locus::tensor<double, locus::cpu, 1>>>);
 // host access members exist only for what the rules allow; none takes a device argument
 template <class X>
 concept has_device_data_argument = requires(X& x) { x.template data<locus::cpu>(); };
