@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <cstring>
 #include <limits>
 #include <iterator>
@@ -53,29 +54,39 @@ struct arange_fill {
 /// and truncates each element (0, 0, 1, 1, 2); locus refuses it: an integer arange
 /// with a fractional step is almost always a mistake, and the explicit spelling says
 /// which rounding is meant.
+/// The message of a refused integer arange: one cold, out-of-line function for every
+/// dtype (the strings cost each file that uses arange nothing on the normal path).
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_integer_arange(std::string_view dtype, double start,
+                                                                     double stop, double step, bool fractional,
+                                                                     long long lo, long long hi) {
+  const std::string args = "arange<" + std::string(dtype) + ">(" + number_string(start) + ", " +
+                           number_string(stop) + ", " + number_string(step) + ")";
+  if (fractional)
+    throw value_error("locus: " + args + " needs a whole-number start and step for an integer dtype (its "
+                      "elements start + i * step would not be whole numbers); for a fractional step, make a "
+                      "floating arange and convert it explicitly, e.g. locus::cast<" +
+                      (dtype == "bool" ? std::string("bool") : "locus::" + std::string(dtype)) +
+                      ">(locus::arange<double, D>(start, stop, step)) (truncates each element)");
+  throw value_error("locus: " + args + " has elements outside the range of " + std::string(dtype) + " (" +
+                    std::to_string(lo) + " to " + std::to_string(hi) + "); use a wider dtype");
+}
+
 template <class T>
 void check_integer_arange(double start, double stop, double step, index_t n) {
   __extension__ typedef __int128 wide_int;  // exact for any int64 start + i * step
-  const auto args = [&] {
-    return "arange<" + std::string(dtype_name<T>) + ">(" + detail::number_string(start) + ", " +
-           detail::number_string(stop) + ", " + detail::number_string(step) + ")";
+  using L = std::numeric_limits<T>;
+  const auto fail = [&](bool fractional) {
+    throw_integer_arange(dtype_name<T>, start, stop, step, fractional, static_cast<long long>(L::min()),
+                         static_cast<long long>(L::max()));
   };
-  if (!whole_number_fits<std::int64_t>(start) || !whole_number_fits<std::int64_t>(step))
-    throw value_error("locus: " + args() + " needs a whole-number start and step for an integer dtype (its "
-                      "elements start + i * step would not be whole numbers); for a fractional step, make a "
-                      "floating arange and convert it explicitly, e.g. locus::cast<" +
-                      (std::is_same_v<T, bool> ? std::string("bool") : "locus::" + std::string(dtype_name<T>)) +
-                      ">(locus::arange<double, D>(start, stop, step)) (truncates each element)");
+  if (!whole_number_fits<std::int64_t>(start) || !whole_number_fits<std::int64_t>(step)) fail(true);
   if (n == 0) return;
   // The last element exactly, in 128-bit integers (in double, -2^63 - 1024 rounds to
   // -2^63 and passed; the elements then wrapped).
   const wide_int last = static_cast<wide_int>(static_cast<std::int64_t>(start)) +
                         static_cast<wide_int>(n - 1) * static_cast<wide_int>(static_cast<std::int64_t>(step));
-  const wide_int lo = std::is_same_v<T, bool> ? 0 : static_cast<wide_int>(std::numeric_limits<T>::lowest());
-  const wide_int hi = std::is_same_v<T, bool> ? 1 : static_cast<wide_int>(std::numeric_limits<T>::max());
-  if (!whole_number_fits<T>(start) || last < lo || last > hi)
-    throw value_error("locus: " + args() + " has elements outside the range of " + std::string(dtype_name<T>) +
-                      " (" + dtype_range_string<T>() + "); use a wider dtype");
+  if (!whole_number_fits<T>(start) || last < static_cast<wide_int>(L::min()) || last > static_cast<wide_int>(L::max()))
+    fail(false);
 }
 
 template <class T>

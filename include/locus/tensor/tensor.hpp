@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstddef>
-#include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
@@ -649,7 +648,12 @@ template <Device D, class T, std::size_t R>
       // by increasing stride, each stride must pass everything the smaller ones reach.
       std::array<std::size_t, R> order{};
       for (std::size_t a = 0; a < R; ++a) order[a] = a;
-      std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return strides[x] < strides[y]; });
+      for (std::size_t i = 1; i < R; ++i)  // insertion sort by stride (R is small; no <algorithm>)
+        for (std::size_t j = i; j > 0 && strides[order[j]] < strides[order[j - 1]]; --j) {
+          const std::size_t k = order[j];
+          order[j] = order[j - 1];
+          order[j - 1] = k;
+        }
       index_t reach = 0;
       for (std::size_t a : order) {
         if (shape[a] <= 1) continue;

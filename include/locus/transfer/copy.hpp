@@ -107,6 +107,61 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   }
 }
 
+/// The body of copy() for every argument form: one instance per dtype, device pair
+/// and rank, however the caller spelled its tensors and views.
+template <class T, class SD, class DD, std::size_t R>
+void copy_views(const tensor_view<const T, SD, R> s, const tensor_view<T, DD, R> d) {
+  if (s.shape() != d.shape())
+    throw shape_error("locus: copy from shape " + shape_string(s.shape()) +
+                      " to shape " + shape_string(d.shape()) +
+                      "; shapes must be equal (the destination was not changed)");
+  if (s.numel() == 0) return;
+  // Both sides in one address space (host and host, or cuda and cuda) may overlap.
+  if constexpr (SD::host_accessible == DD::host_accessible) {
+    if (views_overlap(s, d)) {
+      if (same_mapping(s, d)) return;  // every element is its own source
+      if constexpr (SD::host_accessible) {
+        if (s.is_contiguous() && d.is_contiguous()) {
+          std::memmove(d.data_handle(), s.data_handle(), s.size_bytes());
+          return;
+        }
+      }
+      // Read the whole source into separate memory first (host temporaries are
+      // pageable: nothing asynchronous reads them).
+      using TD = std::conditional_t<SD::host_accessible, cpu, SD>;
+      tensor<T, TD, R> tmp(s.shape());
+      copy_views<T, SD, TD, R>(s, tmp.view());
+      copy_views<T, TD, DD, R>(std::as_const(tmp).view(), d);
+      return;
+    }
+  }
+  const T* sp = s.data_handle();
+  T* dp = d.data_handle();
+  if (s.is_contiguous() && d.is_contiguous()) {
+    copy_bytes<SD, DD>(dp, sp, s.size_bytes());
+  } else if constexpr (SD::host_accessible && DD::host_accessible) {
+    strided_host_copy(sp, s.shape(), s.strides(), dp, d.strides());
+  } else {
+    // One side is GPU memory and one side is strided: stage the strided host side
+    // through a contiguous host buffer. A strided cuda view needs a kernel.
+    if ((!SD::host_accessible && !s.is_contiguous()) || (!DD::host_accessible && !d.is_contiguous()))
+      throw shape_error("locus: copy of a non-contiguous cuda view of shape " +
+                        shape_string(s.shape()) +
+                        " needs a gather kernel; copy through a contiguous cuda tensor "
+                        "(evaluate it in a .cu file) or copy whole rows");
+    tensor<T, cpu, R> staging(s.shape());
+    if constexpr (SD::host_accessible) {
+      strided_host_copy(sp, s.shape(), s.strides(), staging.data_handle(),
+                      staging.strides());
+      copy_bytes<cpu, DD>(dp, staging.data_handle(), s.size_bytes());
+    } else {
+      copy_bytes<SD, cpu>(staging.data_handle(), sp, s.size_bytes());
+      strided_host_copy(staging.data_handle(), s.shape(), staging.strides(), dp,
+                      d.strides());
+    }
+  }
+}
+
 }  // namespace detail
 
 /// Copies src into dst (existing memory, any pair of devices). Same dtype and rank
@@ -140,57 +195,7 @@ void copy(const Src& src, Dst&& dst) {
       using DD = typename dt::device;
       using T = typename dt::value_type;
       constexpr std::size_t R = dt::rank;
-      const tensor_view<const T, SD, R> s = detail::as_view(src);
-      const tensor_view<T, DD, R> d = detail::as_view(dst);
-      if (s.shape() != d.shape())
-        throw shape_error("locus: copy from shape " + detail::shape_string(s.shape()) +
-                          " to shape " + detail::shape_string(d.shape()) +
-                          "; shapes must be equal (the destination was not changed)");
-      if (s.numel() == 0) return;
-      // Both sides in one address space (host and host, or cuda and cuda) may overlap.
-      if constexpr (SD::host_accessible == DD::host_accessible) {
-        if (detail::views_overlap(s, d)) {
-          if (detail::same_mapping(s, d)) return;  // every element is its own source
-          if constexpr (SD::host_accessible) {
-            if (s.is_contiguous() && d.is_contiguous()) {
-              std::memmove(d.data_handle(), s.data_handle(), s.size_bytes());
-              return;
-            }
-          }
-          // Read the whole source into separate memory first (host temporaries are
-          // pageable: nothing asynchronous reads them).
-          using TD = std::conditional_t<SD::host_accessible, cpu, SD>;
-          tensor<T, TD, R> tmp(s.shape());
-          copy(s, tmp.view());
-          copy(std::as_const(tmp).view(), d);
-          return;
-        }
-      }
-      const T* sp = s.data_handle();
-      T* dp = d.data_handle();
-      if (s.is_contiguous() && d.is_contiguous()) {
-        detail::copy_bytes<SD, DD>(dp, sp, s.size_bytes());
-      } else if constexpr (SD::host_accessible && DD::host_accessible) {
-        detail::strided_host_copy(sp, s.shape(), s.strides(), dp, d.strides());
-      } else {
-        // One side is GPU memory and one side is strided: stage the strided host side
-        // through a contiguous host buffer. A strided cuda view needs a kernel.
-        if ((!SD::host_accessible && !s.is_contiguous()) || (!DD::host_accessible && !d.is_contiguous()))
-          throw shape_error("locus: copy of a non-contiguous cuda view of shape " +
-                            detail::shape_string(s.shape()) +
-                            " needs a gather kernel; copy through a contiguous cuda tensor "
-                            "(evaluate it in a .cu file) or copy whole rows");
-        tensor<T, cpu, R> staging(s.shape());
-        if constexpr (SD::host_accessible) {
-          detail::strided_host_copy(sp, s.shape(), s.strides(), staging.data_handle(),
-                                    staging.strides());
-          detail::copy_bytes<cpu, DD>(dp, staging.data_handle(), s.size_bytes());
-        } else {
-          detail::copy_bytes<SD, cpu>(staging.data_handle(), sp, s.size_bytes());
-          detail::strided_host_copy(staging.data_handle(), s.shape(), staging.strides(), dp,
-                                    d.strides());
-        }
-      }
+      detail::copy_views<T, SD, DD, R>(detail::as_view(src), detail::as_view(dst));
     }
   }
 }
