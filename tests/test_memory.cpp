@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -54,6 +57,63 @@ TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and c
   const auto after = locus::memory_stats<locus::cpu>();
   CHECK(after.allocated_bytes == before.allocated_bytes);
   CHECK(after.reserved_bytes == before.allocated_bytes);  // freed, not cached
+}
+
+TEST_CASE("the cpu allocator: 64-byte aligned data, a request too large to round is out_of_memory") {
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  const auto before = a.stats();
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{1} << 20}) {
+    void* p = a.allocate(bytes);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+    std::memset(p, 0xab, bytes);  // the whole request is writable (ASan checks the header is not overrun)
+    blocks.push_back(p);
+  }
+  for (void* p : blocks) a.deallocate(p);
+  CHECK(a.stats().allocated_bytes == before.allocated_bytes);
+  // Sizes within an alignment of SIZE_MAX used to wrap when rounded up (to 0 or 64 bytes).
+  for (std::size_t bytes : {std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::size_t>::max() - 63,
+                            std::numeric_limits<std::size_t>::max() - 127}) {
+    CHECK_THROWS_AS(a.allocate(bytes), locus::out_of_memory);
+  }
+  CHECK(a.stats().allocated_bytes == before.allocated_bytes);
+  CHECK(a.allocate(0) == nullptr);
+  a.deallocate(nullptr);
+}
+
+TEST_CASE("messages: out_of_memory's text, long messages and shapes of every extent") {
+  const locus::out_of_memory e("cpu", 3u << 20, 1536, 1536, 4096, "memory limit");
+  CHECK(std::string(e.what()) ==
+        "locus: out of memory on cpu: tried to allocate 3.00 MiB; 1.50 KiB allocated by tensors, 1.50 KiB "
+        "reserved by the allocator, limit 4.00 KiB (memory limit). Try a smaller batch size, gradient "
+        "accumulation over several micro-batches, bf16/f16 compute, or free tensors you no longer need (or "
+        "raise the limit: locus::set_memory_limit<D>(bytes)).");
+  const locus::out_of_memory f("cuda", 100, 0, 0, static_cast<std::size_t>(-1), "");
+  CHECK(std::string(f.what()) ==
+        "locus: out of memory on cuda: tried to allocate 100 B; 0 B allocated by tensors, 0 B reserved by the "
+        "allocator. Try a smaller batch size, gradient accumulation over several micro-batches, bf16/f16 "
+        "compute, or free tensors you no longer need.");
+  // Past the 512-byte stack buffer, the whole text still arrives.
+  const std::string long_arg(3000, 'x');
+  const std::string m = locus::detail::format("a%sb%d", long_arg.c_str(), 7);
+  CHECK(m == "a" + long_arg + "b7");
+  // Shapes at the extremes of index_t, at rank 0 and at a high rank.
+  using L = std::numeric_limits<locus::index_t>;
+  CHECK(locus::detail::shape_string(locus::extents<0>{}) == "[]");
+  CHECK(locus::detail::shape_string(locus::extents<3>{L::min(), 0, L::max()}) ==
+        "[-9223372036854775808, 0, 9223372036854775807]");
+  locus::extents<12> big;
+  big.fill(L::min());
+  std::string want = "[";
+  for (int i = 0; i < 12; ++i) want += (i ? ", " : "") + std::to_string(L::min());
+  CHECK(locus::detail::shape_string(big) == want + "]");
+  try {
+    (void)locus::empty<float, locus::cpu>({2, -3});
+    FAIL("a negative extent must throw");
+  } catch (const locus::shape_error& err) {
+    CHECK(std::string(err.what()) == "locus: negative extent -3 at axis 1 in shape [2, -3]; extents must be >= 0");
+  }
 }
 
 TEST_CASE_TEMPLATE("allocators are safe to use from several threads", D, LOCUS_TEST_DEVICES) {

@@ -4,6 +4,7 @@
 // failing CUDA call and where it was made).
 #pragma once
 
+#include <cstdarg>
 #include <cstddef>
 #include <cstdio>
 #include <stdexcept>
@@ -68,6 +69,13 @@ class out_of_memory : public error {
   [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
 
   static std::string format_bytes(std::size_t b) {
+    char buf[32];
+    bytes_text(buf, b);
+    return buf;
+  }
+
+ private:
+  static void bytes_text(char (&out)[32], std::size_t b) noexcept {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double v = static_cast<double>(b);
     int u = 0;
@@ -75,32 +83,29 @@ class out_of_memory : public error {
       v /= 1024.0;
       ++u;
     }
-    char buf[64];
     if (u == 0)
-      std::snprintf(buf, sizeof buf, "%zu B", b);
+      std::snprintf(out, sizeof out, "%zu B", b);
     else
-      std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-    return buf;
+      std::snprintf(out, sizeof out, "%.2f %s", v, units[u]);
   }
-
- private:
-  static std::string make_message(std::string_view device, std::size_t requested,
-                                  std::size_t allocated, std::size_t reserved,
-                                  std::size_t limit, std::string_view cause) {
-    std::string m = "locus: out of memory on ";
-    m += device;
-    m += ": tried to allocate " + format_bytes(requested) + "; " + format_bytes(allocated) +
-         " allocated by tensors, " + format_bytes(reserved) + " reserved by the allocator";
-    if (limit != static_cast<std::size_t>(-1)) m += ", limit " + format_bytes(limit);
-    if (!cause.empty()) {
-      m += " (";
-      m += cause;
-      m += ")";
-    }
-    m += ". Try a smaller batch size, gradient accumulation over several micro-batches, "
-         "bf16/f16 compute, or free tensors you no longer need";
-    m += cause == "memory limit" ? " (or raise the limit: locus::set_memory_limit<D>(bytes))." : ".";
-    return m;
+  // One snprintf, not operator+ chains: this is compiled in every file that allocates.
+  [[gnu::cold, gnu::noinline]] static std::string make_message(std::string_view device, std::size_t requested,
+                                                              std::size_t allocated, std::size_t reserved,
+                                                              std::size_t limit, std::string_view cause) {
+    char req[32], alloc[32], res[32], lim[32] = "";
+    bytes_text(req, requested);
+    bytes_text(alloc, allocated);
+    bytes_text(res, reserved);
+    if (limit != static_cast<std::size_t>(-1)) bytes_text(lim, limit);
+    char buf[640];
+    std::snprintf(buf, sizeof buf,
+                  "locus: out of memory on %.*s: tried to allocate %s; %s allocated by tensors, %s reserved by "
+                  "the allocator%s%s%s%.*s%s. Try a smaller batch size, gradient accumulation over several "
+                  "micro-batches, bf16/f16 compute, or free tensors you no longer need%s",
+                  static_cast<int>(device.size()), device.data(), req, alloc, res, lim[0] ? ", limit " : "", lim,
+                  cause.empty() ? "" : " (", static_cast<int>(cause.size()), cause.data(), cause.empty() ? "" : ")",
+                  cause == "memory limit" ? " (or raise the limit: locus::set_memory_limit<D>(bytes))." : ".");
+    return buf;
   }
 
   std::string device_;
@@ -132,5 +137,53 @@ class cuda_error : public error {
   }
   int code_;
 };
+
+namespace detail {
+
+/// printf-style message text. locus builds its messages with one vsnprintf rather
+/// than chains of std::string operator+: those chains are compiled again, inline, in
+/// every file that includes locus (see bench/compile-time), and this is one function.
+[[gnu::format(printf, 1, 0)]] inline std::string vformat(const char* fmt, std::va_list ap) {
+  char buf[512];
+  std::va_list again;
+  va_copy(again, ap);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  std::string out;
+  if (n < 0) {
+    out = fmt;
+  } else if (static_cast<std::size_t>(n) < sizeof buf) {
+    out.assign(buf, static_cast<std::size_t>(n));
+  } else {
+    out.resize(static_cast<std::size_t>(n));
+    std::vsnprintf(out.data(), out.size() + 1, fmt, again);
+  }
+  va_end(again);
+  return out;
+}
+
+[[gnu::format(printf, 1, 2)]] inline std::string format(const char* fmt, ...) {
+  std::va_list ap;
+  va_start(ap, fmt);
+  std::string out = vformat(fmt, ap);
+  va_end(ap);
+  return out;
+}
+
+/// Throw E with a printf-style message: one cold call at the failing site.
+#define LOCUS_DEFINE_THROWER(name, E)                                                       \
+  [[noreturn, gnu::cold, gnu::noinline, gnu::format(printf, 1, 2)]] inline void name(const char* fmt, ...) { \
+    std::va_list ap;                                                                        \
+    va_start(ap, fmt);                                                                      \
+    std::string m = vformat(fmt, ap);                                                       \
+    va_end(ap);                                                                             \
+    throw E(m);                                                                             \
+  }
+LOCUS_DEFINE_THROWER(throw_shape_error, shape_error)
+LOCUS_DEFINE_THROWER(throw_index_error, index_error)
+LOCUS_DEFINE_THROWER(throw_value_error, value_error)
+LOCUS_DEFINE_THROWER(throw_io_error, io_error)
+#undef LOCUS_DEFINE_THROWER
+
+}  // namespace detail
 
 }  // namespace locus

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -19,14 +20,29 @@ using extents = std::array<index_t, R>;
 
 namespace detail {
 
+/// "[2, 3]" into out (cap bytes, cap >= 3): one non-template function for every rank.
+inline void write_shape(char* out, std::size_t cap, const index_t* e, std::size_t r) noexcept {
+  std::size_t n = 0;
+  out[n++] = '[';
+  for (std::size_t i = 0; i < r && n + 1 < cap; ++i) {
+    const int w = std::snprintf(out + n, cap - n, i ? ", %lld" : "%lld", static_cast<long long>(e[i]));
+    if (w < 0) break;
+    n = n + static_cast<std::size_t>(w) < cap ? n + static_cast<std::size_t>(w) : cap - 1;
+  }
+  if (n + 1 < cap) out[n++] = ']';
+  out[n] = '\0';
+}
+
+/// A shape as text in a buffer big enough for any rank-R shape (messages pass .s to %s).
+template <std::size_t R>
+struct shape_chars {
+  char s[R * 22 + 3];
+  explicit shape_chars(const extents<R>& e) noexcept { write_shape(s, sizeof s, e.data(), R); }
+};
+
 template <std::size_t R>
 std::string shape_string(const extents<R>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < R; ++i) {
-    if (i) out += ", ";
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
+  return shape_chars<R>(s).s;
 }
 
 template <std::size_t R>
@@ -45,17 +61,16 @@ index_t checked_numel(const extents<R>& s, std::size_t elem_size) {
       std::numeric_limits<index_t>::max() / static_cast<index_t>(elem_size == 0 ? 1 : elem_size);
   for (std::size_t i = 0; i < R; ++i) {
     if (s[i] < 0)
-      throw shape_error("locus: negative extent " + std::to_string(s[i]) + " at axis " +
-                        std::to_string(i) + " in shape " + shape_string(s) +
-                        "; extents must be >= 0");
+      throw_shape_error("locus: negative extent %lld at axis %zu in shape %s; extents must be >= 0",
+                        static_cast<long long>(s[i]), i, shape_chars<R>(s).s);
   }
   for (std::size_t i = 0; i < R; ++i) {
     if (s[i] == 0) return 0;
   }
   for (std::size_t i = 0; i < R; ++i) {
     if (n > max_elems / s[i])
-      throw shape_error("locus: shape " + shape_string(s) + " has more elements than fit in " +
-                        std::to_string(elem_size) + "-byte elements addressed by 64 bits");
+      throw_shape_error("locus: shape %s has more elements than fit in %zu-byte elements addressed by 64 bits",
+                        shape_chars<R>(s).s, elem_size);
     n *= s[i];
   }
   return n;

@@ -50,33 +50,37 @@ inline void* aligned_host_alloc(std::size_t bytes) noexcept {
 }
 
 /// Pageable host memory: no cache (malloc already has one), but counted and capped.
+/// Each block carries its size in a 64-byte header in front of the data (the data
+/// stays 64-byte aligned), so freeing needs no lookup table.
 class host_allocator {
  public:
   static constexpr std::string_view device_name = "cpu";
 
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    const std::size_t size = round_up(bytes, host_alignment);
     std::lock_guard lock(mutex_);
+    // A request within two alignments of SIZE_MAX cannot be rounded up, let alone met.
+    if (bytes > std::numeric_limits<std::size_t>::max() - 2 * host_alignment)
+      throw out_of_memory(device_name, bytes, allocated_, allocated_, limit_, "the system refused");
+    const std::size_t size = round_up(bytes, host_alignment);
     if (size > limit_ || allocated_ > limit_ - size)
       throw out_of_memory(device_name, size, allocated_, allocated_, limit_, "memory limit");
-    void* p = aligned_host_alloc(size);
-    if (!p) throw out_of_memory(device_name, size, allocated_, allocated_, limit_, "the system refused");
-    sizes_[p] = size;
+    auto* block = static_cast<unsigned char*>(aligned_host_alloc(size + host_alignment));
+    if (!block) throw out_of_memory(device_name, size, allocated_, allocated_, limit_, "the system refused");
+    *reinterpret_cast<std::size_t*>(block) = size;
     allocated_ += size;
     ++allocations_;
     if (allocated_ > peak_) peak_ = allocated_;
-    return p;
+    return block + host_alignment;
   }
 
   void deallocate(void* p) noexcept {
     if (!p) return;
+    auto* block = static_cast<unsigned char*>(p) - host_alignment;
+    const std::size_t size = *reinterpret_cast<const std::size_t*>(block);
+    std::free(block);
     std::lock_guard lock(mutex_);
-    auto it = sizes_.find(p);
-    if (it == sizes_.end()) return;
-    allocated_ -= it->second;
-    sizes_.erase(it);
-    std::free(p);
+    allocated_ -= size;
   }
 
   memory_statistics stats() {
@@ -101,7 +105,6 @@ class host_allocator {
 
  private:
   std::mutex mutex_;
-  std::unordered_map<void*, std::size_t> sizes_;
   std::size_t allocated_ = 0, peak_ = 0, allocations_ = 0;
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
 };

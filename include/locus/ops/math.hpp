@@ -178,19 +178,23 @@ bool whole_number_fits(double v) {
   return v >= static_cast<double>(L::min()) && v < above;
 }
 
-/// A double as a message shows it: shortest round-trip form ("2.5", "0", "1e+300").
-inline std::string number_string(double v) {
-  char buf[32];
-  if (std::trunc(v) == v && std::fabs(v) < 1e15) {
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-    return buf;
+/// A double as a message shows it: shortest round-trip form ("2.5", "0", "1e+300"),
+/// in a buffer (messages pass .s to %s).
+struct number_chars {
+  char s[32];
+  explicit number_chars(double v) noexcept {
+    if (std::trunc(v) == v && std::fabs(v) < 1e15) {
+      std::snprintf(s, sizeof s, "%.0f", v);
+      return;
+    }
+    for (int digits = 1; digits <= 17; ++digits) {
+      std::snprintf(s, sizeof s, "%.*g", digits, v);
+      if (std::strtod(s, nullptr) == v || v != v) break;
+    }
   }
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-    if (std::strtod(buf, nullptr) == v || v != v) break;
-  }
-  return buf;
-}
+};
+
+inline std::string number_string(double v) { return number_chars(v).s; }
 
 /// "0 to 255": the range of integer (or bool) dtype T, for messages.
 template <class T>

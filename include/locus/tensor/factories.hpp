@@ -59,16 +59,17 @@ struct arange_fill {
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_integer_arange(std::string_view dtype, double start,
                                                                      double stop, double step, bool fractional,
                                                                      long long lo, long long hi) {
-  const std::string args = "arange<" + std::string(dtype) + ">(" + number_string(start) + ", " +
-                           number_string(stop) + ", " + number_string(step) + ")";
+  const int dn = static_cast<int>(dtype.size());
+  const number_chars a(start), b(stop), c(step);
   if (fractional)
-    throw value_error("locus: " + args + " needs a whole-number start and step for an integer dtype (its "
-                      "elements start + i * step would not be whole numbers); for a fractional step, make a "
-                      "floating arange and convert it explicitly, e.g. locus::cast<" +
-                      (dtype == "bool" ? std::string("bool") : "locus::" + std::string(dtype)) +
-                      ">(locus::arange<double, D>(start, stop, step)) (truncates each element)");
-  throw value_error("locus: " + args + " has elements outside the range of " + std::string(dtype) + " (" +
-                    std::to_string(lo) + " to " + std::to_string(hi) + "); use a wider dtype");
+    throw_value_error("locus: arange<%.*s>(%s, %s, %s) needs a whole-number start and step for an integer dtype "
+                      "(its elements start + i * step would not be whole numbers); for a fractional step, make a "
+                      "floating arange and convert it explicitly, e.g. locus::cast<%s%.*s>(locus::arange<double, "
+                      "D>(start, stop, step)) (truncates each element)",
+                      dn, dtype.data(), a.s, b.s, c.s, dtype == "bool" ? "" : "locus::", dn, dtype.data());
+  throw_value_error("locus: arange<%.*s>(%s, %s, %s) has elements outside the range of %.*s (%lld to %lld); use a "
+                    "wider dtype",
+                    dn, dtype.data(), a.s, b.s, c.s, dn, dtype.data(), lo, hi);
 }
 
 template <class T>
@@ -200,8 +201,9 @@ tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
     throw shape_error("locus: arange step must be finite and non-zero");
   const double span = (stop - start) / step;
   if (!(span - span == 0.0) || span > 9.0e18)  // NaN or inf bounds, or more elements than index_t counts
-    throw shape_error("locus: arange(" + detail::number_string(start) + ", " + detail::number_string(stop) + ", " +
-                      detail::number_string(step) + ") has no finite element count");
+    detail::throw_shape_error("locus: arange(%s, %s, %s) has no finite element count",
+                              detail::number_chars(start).s, detail::number_chars(stop).s,
+                              detail::number_chars(step).s);
   const index_t n = span > 0 ? static_cast<index_t>(std::ceil(span)) : 0;
   if constexpr (Dtype<T> && !dtype_traits<std::remove_cv_t<T>>::is_floating)
     detail::check_integer_arange<std::remove_cv_t<T>>(start, stop, step, n);
@@ -213,7 +215,7 @@ tensor<T, D, 1> arange(double start, double stop, double step = 1.0) {
 /// 0, 1, ..., n-1; n < 0 is a shape_error (as a negative extent is).
 template <class T, class D>
 tensor<T, D, 1> arange(index_t n) {
-  if (n < 0) throw shape_error("locus: arange(n) needs n >= 0, got " + std::to_string(n));
+  if (n < 0) detail::throw_shape_error("locus: arange(n) needs n >= 0, got %lld", static_cast<long long>(n));
   return arange<T, D>(0.0, static_cast<double>(n), 1.0);
 }
 

@@ -74,8 +74,8 @@ index_t offset_of(const extents<R>& shape, const extents<R>& strides, I... idx) 
   for (std::size_t a = 0; a < R; ++a) {
 #ifdef LOCUS_CHECK_BOUNDS
     if (ids[a] < 0 || ids[a] >= shape[a])
-      throw index_error("locus: index " + std::to_string(ids[a]) + " out of range for axis " +
-                        std::to_string(a) + " of shape " + shape_string(shape));
+      throw_index_error("locus: index %lld out of range for axis %zu of shape %s", static_cast<long long>(ids[a]),
+                        a, shape_chars<R>(shape).s);
 #else
     (void)shape;
 #endif
@@ -87,13 +87,13 @@ index_t offset_of(const extents<R>& shape, const extents<R>& strides, I... idx) 
 template <std::size_t R2, std::size_t R>
 extents<R2> checked_reshape(const extents<R>& from, const extents<R2>& to, bool contiguous) {
   if (!contiguous)
-    throw shape_error("locus: reshape of a non-contiguous view of shape " + shape_string(from) +
-                      "; clone() it first (a strided cuda view: locus::eval(v) in a .cu file)");
+    throw_shape_error("locus: reshape of a non-contiguous view of shape %s; clone() it first (a strided cuda "
+                      "view: locus::eval(v) in a .cu file)",
+                      shape_chars<R>(from).s);
   const index_t n = checked_numel(to, 1);
   if (n != numel_of(from))
-    throw shape_error("locus: cannot reshape " + shape_string(from) + " (" +
-                      std::to_string(numel_of(from)) + " elements) to " + shape_string(to) +
-                      " (" + std::to_string(n) + " elements)");
+    throw_shape_error("locus: cannot reshape %s (%lld elements) to %s (%lld elements)", shape_chars<R>(from).s,
+                      static_cast<long long>(numel_of(from)), shape_chars<R2>(to).s, static_cast<long long>(n));
   return to;
 }
 
@@ -141,8 +141,8 @@ constexpr void reject_view_conversion() {
 
 inline void check_slice(index_t begin, index_t end, index_t extent) {
   if (begin < 0 || end < begin || end > extent)
-    throw shape_error("locus: slice [" + std::to_string(begin) + ", " + std::to_string(end) +
-                      ") is outside axis 0 of extent " + std::to_string(extent));
+    throw_shape_error("locus: slice [%lld, %lld) is outside axis 0 of extent %lld", static_cast<long long>(begin),
+                      static_cast<long long>(end), static_cast<long long>(extent));
 }
 }  // namespace detail
 
@@ -265,8 +265,8 @@ class tensor_view {
   [[nodiscard]] std::span<T> span() const {
     if constexpr (detail::require_host_accessible<D>()) {
       if (!is_contiguous())
-        throw shape_error("locus: span() of a non-contiguous view of shape " +
-                          detail::shape_string(shape_) + "; clone() it first");
+        detail::throw_shape_error("locus: span() of a non-contiguous view of shape %s; clone() it first",
+                                  detail::shape_chars<R>(shape_).s);
       return {data_, static_cast<std::size_t>(numel())};
     } else {
       return {};

@@ -112,9 +112,9 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 template <class T, class SD, class DD, std::size_t R>
 void copy_views(const tensor_view<const T, SD, R> s, const tensor_view<T, DD, R> d) {
   if (s.shape() != d.shape())
-    throw shape_error("locus: copy from shape " + shape_string(s.shape()) +
-                      " to shape " + shape_string(d.shape()) +
-                      "; shapes must be equal (the destination was not changed)");
+    throw_shape_error("locus: copy from shape %s to shape %s; shapes must be equal (the destination was not "
+                      "changed)",
+                      shape_chars<R>(s.shape()).s, shape_chars<R>(d.shape()).s);
   if (s.numel() == 0) return;
   // Both sides in one address space (host and host, or cuda and cuda) may overlap.
   if constexpr (SD::host_accessible == DD::host_accessible) {
@@ -145,10 +145,9 @@ void copy_views(const tensor_view<const T, SD, R> s, const tensor_view<T, DD, R>
     // One side is GPU memory and one side is strided: stage the strided host side
     // through a contiguous host buffer. A strided cuda view needs a kernel.
     if ((!SD::host_accessible && !s.is_contiguous()) || (!DD::host_accessible && !d.is_contiguous()))
-      throw shape_error("locus: copy of a non-contiguous cuda view of shape " +
-                        shape_string(s.shape()) +
-                        " needs a gather kernel; copy through a contiguous cuda tensor "
-                        "(evaluate it in a .cu file) or copy whole rows");
+      throw_shape_error("locus: copy of a non-contiguous cuda view of shape %s needs a gather kernel; copy "
+                        "through a contiguous cuda tensor (evaluate it in a .cu file) or copy whole rows",
+                        shape_chars<R>(s.shape()).s);
     tensor<T, cpu, R> staging(s.shape());
     if constexpr (SD::host_accessible) {
       strided_host_copy(sp, s.shape(), s.strides(), staging.data_handle(),
