@@ -1,17 +1,60 @@
 // Per-device allocators with statistics. Every tensor allocation goes through one:
 // `cpu` through a counting aligned allocator, `pinned` and `cuda` through a caching
-// allocator (size-binned, stream-aware) in front of cudaHostAlloc / cudaMalloc.
-// A failed allocation empties the cache, retries once, then throws
-// locus::out_of_memory with the numbers; set_memory_limit<D> caps any device, so the
-// out-of-memory path is testable without a GPU.
+// allocator in front of cudaHostAlloc / cudaMalloc. set_memory_limit<D> caps any
+// device, so the out-of-memory path is testable without a GPU.
+//
+// The caching allocator (pinned, cuda), PyTorch's design in locus's form:
+// - Segments and blocks. Requests are rounded to a size class (size_class); requests
+//   of at most 1 MiB are carved from shared 2 MiB segments, requests below 10 MiB from
+//   20 MiB segments, larger ones get a segment of their own (rounded to 2 MiB). A
+//   cached block larger than a request is split and the rest stays cached; freed
+//   neighbours merge. A trainer whose batch size varies is served from the cache once
+//   its largest batch has been seen. allocated_bytes counts the blocks handed out
+//   (their class, or a little more where the rest was too small to split),
+//   reserved_bytes the segments.
+// - Streams. A cuda block belongs to the stream current when it was allocated, and
+//   is reused only by allocations on that stream (and GPU): later work there runs
+//   after whatever used the block before the free. THE RULE: a block is reused by
+//   another stream only after every stream that used it has passed the point where
+//   it was freed. Locus knows a stream used a block when told:
+//   locus::record_stream(t, s) (built on detail::record_block_use) marks tensor t as
+//   used by work on s; asynchronous copies and the loader record their streams. At
+//   free, an event is recorded on each such stream (for pinned blocks, which belong
+//   to no stream, on every recorded stream: the DMA engine reads them), and the block
+//   is reusable only once all have completed. Allocation polls them
+//   (cudaEventQuery); free never blocks. A tensor used on another stream without
+//   record_stream is not protected: that is the user's race, as in PyTorch.
+// - A destroyed stream's blocks are not stranded: detail::release_stream_blocks(s)
+//   (called by locus::stream's destructor once the stream has finished) makes its
+//   blocks, cached and live, any-stream blocks the next stream can take; nothing is
+//   returned to the system (that would synchronise the device), empty_cache does.
+// - Out of memory. When the limit or the device refuses, the allocator returns only
+//   the cached segments that make the room (the smallest that suffices, else the
+//   largest first), after one device synchronisation if freed blocks still wait for
+//   events; then all cached segments; then it throws locus::out_of_memory with the
+//   numbers. It frees nothing when that could not make room.
+// - Graph pools (detail::graph_pool, detail::graph_pool_scope): while a scope is
+//   alive on a thread, cuda allocations of that thread come from the graph's private
+//   pool and return to it; the pool's segments go back to the system when the pool
+//   is destroyed and none of its blocks is live. While any scope is alive the cuda
+//   allocator calls no cudaFree (illegal during capture); it may call cudaMalloc to
+//   grow the pool, which needs capture mode cudaStreamCaptureModeRelaxed (or a
+//   warm-up step under the scope so that capture allocates nothing new). An
+//   allocation on a capturing stream outside a pool scope throws locus::error.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string_view>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../core/config.hpp"
@@ -37,6 +80,10 @@ struct memory_statistics {
   /// pinned only: page-locking was unavailable (no driver), so ordinary host memory
   /// backs the device. Everything still works; asynchronous copies are not overlapped.
   bool fallback = false;
+  /// pinned, cuda: freed blocks waiting for other streams' work (reusable once done).
+  std::size_t pending_bytes = 0;
+  /// pinned, cuda: segments obtained from the system (cudaHostAlloc / cudaMalloc calls).
+  std::size_t system_allocations = 0;
 };
 
 namespace detail {
@@ -110,76 +157,274 @@ class host_allocator {
 };
 
 /// Size classes: 512-byte granules up to 1 MiB, then four classes per power of two
-/// (at most 25% waste), so freed blocks are found again by exact class.
+/// (at most 25% waste). A request is rounded to its class; that is the size of the
+/// block it gets (or more: see caching_allocator's splitting rule).
 inline std::size_t size_class(std::size_t bytes) noexcept {
   constexpr std::size_t small = 1u << 20;
   if (bytes <= small) return round_up(bytes == 0 ? 1 : bytes, 512);
   std::size_t p = small;
-  while (p * 2 < bytes) p *= 2;  // p < bytes <= 2p
+  while (p <= (bytes - 1) / 2) p *= 2;  // p < bytes <= 2p, without overflowing p
   const std::size_t step = p / 4;
   return round_up(bytes, step);
 }
 
+/// The largest request a caching allocator considers (larger ones are refused as
+/// out_of_memory before any rounding could wrap).
+inline constexpr std::size_t max_request_bytes = std::size_t{1} << 62;
+/// Requests of at most this many bytes are "small": served from small segments.
+inline constexpr std::size_t small_request_bytes = std::size_t{1} << 20;
+/// Segment sizes, PyTorch's: small requests share 2 MiB segments, requests below
+/// 10 MiB share 20 MiB segments, larger ones get their own, rounded to 2 MiB.
+inline constexpr std::size_t small_segment_bytes = std::size_t{2} << 20;
+inline constexpr std::size_t large_segment_bytes = std::size_t{20} << 20;
+inline constexpr std::size_t shared_segment_limit = std::size_t{10} << 20;
+
+/// The segment the allocator asks the system for when no cached block fits `size`
+/// (already a size class).
+inline std::size_t segment_size(std::size_t size) noexcept {
+  if (size <= small_request_bytes) return small_segment_bytes;
+  if (size < shared_segment_limit) return large_segment_bytes;
+  return round_up(size, small_segment_bytes);
+}
+
+/// Whether a block of `block` bytes handed out for `size` bytes is split, the rest
+/// staying cached (PyTorch's rule): in small segments when 512 bytes or more remain,
+/// in large ones when more than 1 MiB remains (a smaller rest could only serve small
+/// requests, which large segments do not serve).
+inline bool should_split(bool small, std::size_t block, std::size_t size) noexcept {
+  const std::size_t rest = block - size;
+  return small ? rest >= 512 : rest > small_request_bytes;
+}
+
+/// Stream key of a block that any stream may take: blocks of a released stream
+/// (release_stream_blocks) and every pinned block.
+inline constexpr std::uintptr_t any_stream = ~std::uintptr_t{0};
+
 /// A caching allocator over a raw resource. Resource provides
 ///   static constexpr std::string_view device_name;
+///   static constexpr bool stream_ordered;  true: blocks belong to their allocation
+///                                          stream (cuda); false: to none (pinned)
 ///   void* raw_allocate(std::size_t)   -> nullptr when out of memory, throws otherwise
-///   void raw_free(void*) noexcept
-///   int place()                      -> which GPU (or 0), part of the cache key
-///   void* stream()                   -> the stream an allocation is tied to
+///   void raw_free(void* p, int place) noexcept
+///   int place()                       -> which GPU (or 0), part of the cache key
+///   int current_place()               -> the GPU of work enqueued now (for events)
+///   void* stream()                    -> the stream an allocation is tied to
 ///   bool fallback() const
-/// Blocks are reused only on the stream (and GPU) they were allocated for, so a block
-/// freed while kernels on that stream still use it is only handed to later work on
-/// the same stream, which runs after them.
+///   using event_token = ...;          (copyable)
+///   event_token record_event(int place, void* stream) noexcept
+///   bool event_done(event_token) noexcept    (never blocks)
+///   void release_event(event_token) noexcept (back to the resource's event pool)
+///   bool capturing(void* stream) noexcept    (the stream is under graph capture)
+///   void synchronize() noexcept              (the host waits for the device)
+///
+/// The rules (see also the file comment):
+/// - Blocks are carved from segments (segment_size); a cached block larger than a
+///   request is split (should_split) and freed neighbours merge again, so varying
+///   batch sizes are served from the cache once the largest has been seen.
+/// - A block belongs to its allocation stream (cuda) and is reused only for work on
+///   that stream (and place), which runs after everything enqueued before the free.
+///   Streams recorded with record_use (other than the own one; for pinned, every
+///   stream: the DMA engine reads pinned memory) get an event each at free; the block
+///   is reusable only once every one has completed (polled, never waited for, when
+///   allocating). Events come from the resource's pool.
+/// - release_stream(s), called after s has finished its work and before its handle
+///   is destroyed: s's blocks, free and live, become any_stream blocks (the next
+///   stream may take them; nothing is returned to the system), and s is dropped from
+///   the use lists (its work is done).
+/// - Private pools (graph pools): while a pool_scope is alive on a thread, that
+///   thread's allocations come from the pool; its blocks return only to it, and its
+///   segments go back to the system once the pool is destroyed and none of its
+///   blocks is live or pending. While any pool scope is alive the allocator never
+///   returns memory to the system (cudaFree is illegal during capture).
+/// - Out of memory (the limit or the system): first the cached segments that make
+///   the room are returned (the smallest that suffices, else the largest first),
+///   after one synchronize when pending blocks must first complete; then everything
+///   cached; then out_of_memory. Nothing is returned when it could not make room.
 template <class Resource>
 class caching_allocator {
  public:
   static constexpr std::string_view device_name = Resource::device_name;
+  using event_token = typename Resource::event_token;
+
+  struct pool_state;
+
+ private:
+  struct block {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    std::uintptr_t stream = any_stream;  // the stream that may reuse it without events
+    int place = 0;
+    bool small = false;                  // from a small segment
+    enum state_t : unsigned char { free_, live, pending, deferred } state = free_;
+    int events = 0;                      // outstanding events while pending
+    pool_state* pool = nullptr;
+    block* prev = nullptr;               // neighbours in the segment
+    block* next = nullptr;
+    struct use {
+      std::uintptr_t stream;
+      int place;
+    };
+    std::vector<use> uses;               // streams to record events on at free
+  };
+  struct block_less {
+    bool operator()(const block* a, const block* b) const noexcept {
+      if (a->small != b->small) return a->small < b->small;
+      if (a->place != b->place) return a->place < b->place;
+      if (a->stream != b->stream) return a->stream < b->stream;
+      if (a->size != b->size) return a->size < b->size;
+      return a->addr < b->addr;
+    }
+  };
+
+ public:
+  /// A set of cached blocks: the shared cache, or one private (graph) pool.
+  struct pool_state {
+    std::set<block*, block_less> free;
+    std::size_t blocks = 0;    // live, pending or deferred blocks of the pool
+    std::size_t reserved = 0;  // bytes of its segments
+    bool destroyed = false;
+    const void* owner = nullptr;
+  };
+
+  caching_allocator() { shared_.owner = this; }
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+  ~caching_allocator() {
+    // Only test allocators are destroyed (allocator_for's live forever). Blocks still
+    // live are the caller's leak; their memory goes back with the rest.
+    std::set<block*> all;
+    const auto collect = [&](pool_state& p) { all.insert(p.free.begin(), p.free.end()); };
+    collect(shared_);
+    for (auto& p : pools_) collect(*p);
+    for (auto& [a, b] : live_) all.insert(b);
+    for (auto& q : queues_)
+      for (auto& e : q.events) {
+        resource_.release_event(e.token);
+        all.insert(e.b);
+      }
+    all.insert(deferred_.begin(), deferred_.end());
+    for (block* b : all)
+      if (!b->prev) resource_.raw_free(reinterpret_cast<void*>(b->addr), b->place);
+    for (block* b : all) delete b;
+  }
 
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    if (bytes > max_request_bytes) {
+      std::lock_guard lock(mutex_);
+      throw out_of_memory(device_name, bytes, allocated_, reserved_, limit_, "the system refused");
+    }
     const std::size_t size = size_class(bytes);
-    const key k{resource_.place(), resource_.stream(), size};
+    const bool small = size <= small_request_bytes;
+    const int place = resource_.place();
+    const std::uintptr_t stream =
+        Resource::stream_ordered ? reinterpret_cast<std::uintptr_t>(resource_.stream()) : any_stream;
+    const tls_pool& t = current_tls();
+    const bool in_pool = t.pool && t.owner == this;
+    if (!in_pool && scopes_.load(std::memory_order_relaxed) > 0 &&
+        resource_.capturing(reinterpret_cast<void*>(stream)))
+      throw error(
+          "locus: an allocation on a stream under CUDA graph capture, outside the graph's pool: its "
+          "address would be baked into the graph and handed to other tensors later; allocate under a "
+          "detail::graph_pool_scope of the graph's pool on the capturing thread");
     std::lock_guard lock(mutex_);
-    if (auto it = free_.find(k); it != free_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      live_[p] = k;
-      cached_ -= size;
-      note_allocation(size);
+    pool_state& pool = in_pool ? *t.pool : shared_;
+    if (!queues_.empty()) poll_events();
+    if (!deferred_.empty()) process_deferred();
+    block* b = find_free(pool, small, place, stream, size);
+    if (b) {
       ++cache_hits_;
-      return p;
+    } else {
+      b = grow(pool, size, small, place, stream);
     }
-    const std::size_t in_use = reserved_ - cached_;
-    if (in_use > limit_ || size > limit_ - in_use) {
-      // Even an empty cache would not make room: fail with every statistic unchanged.
-      throw out_of_memory(device_name, size, in_use, reserved_, limit_, "memory limit");
-    }
-    if (reserved_ + size > limit_) release_cached();  // the cached blocks make the room
-    void* p = resource_.raw_allocate(size);
-    if (!p) {
-      release_cached();
-      p = resource_.raw_allocate(size);
-      if (!p)
-        throw out_of_memory(device_name, size, reserved_ - cached_, reserved_, limit_,
-                            "the device has no free memory left, with the cache emptied and the "
-                            "allocation retried once");
-    }
-    reserved_ += size;
-    live_[p] = k;
-    note_allocation(size);
-    return p;
+    b = take(pool, b, size, stream);
+    live_.emplace(b->addr, b);
+    allocated_ += b->size;
+    ++allocations_;
+    if (allocated_ > peak_) peak_ = allocated_;
+    return reinterpret_cast<void*>(b->addr);
   }
 
   void deallocate(void* p) noexcept {
     if (!p) return;
     std::lock_guard lock(mutex_);
-    auto it = live_.find(p);
+    auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == live_.end()) return;
-    const key k = it->second;
+    block* b = it->second;
     live_.erase(it);
-    allocated_ -= k.size;
-    cached_ += k.size;
-    free_[k].push_back(p);
+    allocated_ -= b->size;
+    if (b->uses.empty()) {
+      free_block(b);
+      return;
+    }
+    pending_bytes_ += b->size;
+    if (scopes_.load(std::memory_order_relaxed) > 0 && any_use_capturing(b)) {
+      b->state = block::deferred;  // events recorded once the capture is over
+      deferred_.push_back(b);
+      return;
+    }
+    record_events(b);
+  }
+
+  /// Notes that the block holding `p` (anywhere inside a live block) is used by work
+  /// on `stream` (see the class comment). Pointers the allocator did not hand out are
+  /// ignored, as is the block's own stream.
+  void record_use(const void* p, void* stream) {
+    const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t s = reinterpret_cast<std::uintptr_t>(stream);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(a);
+    if (it == live_.begin()) return;
+    block* b = (--it)->second;
+    if (a >= b->addr + b->size) return;
+    if (Resource::stream_ordered && s == b->stream) return;
+    for (const auto& u : b->uses)
+      if (u.stream == s) return;
+    b->uses.push_back({s, resource_.current_place()});
+  }
+
+  /// `stream` is finished (synchronised) and about to be destroyed: its blocks become
+  /// any-stream blocks (see the class comment).
+  void release_stream(void* stream) noexcept {
+    const std::uintptr_t s = reinterpret_cast<std::uintptr_t>(stream);
+    std::lock_guard lock(mutex_);
+    const auto drop_uses = [&](block* b) {
+      for (std::size_t i = 0; i < b->uses.size();) {
+        if (b->uses[i].stream == s) {
+          b->uses[i] = b->uses.back();
+          b->uses.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    };
+    for (auto& [a, b] : live_) {
+      if (b->stream == s) b->stream = any_stream;
+      drop_uses(b);
+    }
+    for (block* b : deferred_) {
+      if (b->stream == s) b->stream = any_stream;
+      drop_uses(b);
+    }
+    for (auto& q : queues_)
+      for (auto& e : q.events)
+        if (e.b->stream == s) e.b->stream = any_stream;
+    if (!Resource::stream_ordered) return;
+    const auto rekey = [&](pool_state& pool) {
+      // Take them all out first (marked live, so no merge deletes one of them while
+      // others are put back), then put each back as an any-stream block.
+      std::vector<block*> found;
+      for (block* b : pool.free)
+        if (b->stream == s) found.push_back(b);
+      for (block* b : found) {
+        pool.free.erase(b);
+        b->state = block::live;
+        b->stream = any_stream;
+      }
+      for (block* b : found) insert_free(pool, b);
+    };
+    rekey(shared_);
+    for (auto& p : pools_) rekey(*p);
   }
 
   memory_statistics stats() {
@@ -192,15 +437,28 @@ class caching_allocator {
     s.cache_hits = cache_hits_;
     s.limit_bytes = limit_;
     s.fallback = resource_.fallback();
+    s.pending_bytes = pending_bytes_;
+    s.system_allocations = system_allocations_;
     return s;
   }
+  /// Returns every cached segment with no live or pending block to the system (after
+  /// one synchronize when pending blocks exist, so that they can complete). Does
+  /// nothing while a pool scope is alive.
   void empty_cache() {
     std::lock_guard lock(mutex_);
-    release_cached();
+    if (!may_free()) return;
+    if (!queues_.empty()) {
+      resource_.synchronize();
+      poll_events();
+    }
+    release(shared_, std::numeric_limits<std::size_t>::max(), false);
   }
+  /// Caps reserved bytes; cached segments are returned until reserved bytes are
+  /// within the new limit where that is possible.
   void set_limit(std::size_t bytes) {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
+    if (reserved_ > limit_ && may_free()) release(shared_, reserved_ - limit_, false);
   }
   void reset_peak() {
     std::lock_guard lock(mutex_);
@@ -208,55 +466,462 @@ class caching_allocator {
   }
   Resource& resource() noexcept { return resource_; }
 
- private:
-  struct key {
-    int place;
-    void* stream;
-    std::size_t size;
-    bool operator==(const key&) const = default;
+  /// The size of the live block at exactly `p` (0 if none): what allocated_bytes
+  /// counts for it.
+  std::size_t block_size(const void* p) {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
+    return it == live_.end() ? 0 : it->second->size;
+  }
+
+  // ---- private pools --------------------------------------------------------------
+
+  pool_state* create_pool() {
+    std::lock_guard lock(mutex_);
+    pools_.push_back(std::make_unique<pool_state>());
+    pools_.back()->owner = this;
+    return pools_.back().get();
+  }
+  /// The pool's owner lets go: its segments return to the system now if none of its
+  /// blocks is live or pending, else when the last one is freed (or has completed).
+  void destroy_pool(pool_state* p) noexcept {
+    std::lock_guard lock(mutex_);
+    p->destroyed = true;
+    retire_pools();
+  }
+  std::size_t pool_reserved(const pool_state* p) {
+    std::lock_guard lock(mutex_);
+    return p->reserved;
+  }
+  /// Makes `p` this thread's pool; returns the previous one (for leave_pool).
+  struct tls_pool {
+    const void* owner = nullptr;
+    pool_state* pool = nullptr;
   };
-  struct key_hash {
-    std::size_t operator()(const key& k) const noexcept {
-      std::size_t h = std::hash<void*>{}(k.stream);
-      h ^= k.size + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h ^= static_cast<std::size_t>(k.place) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      return h;
+  tls_pool enter_pool(pool_state* p) noexcept {
+    scopes_.fetch_add(1, std::memory_order_relaxed);
+    return std::exchange(current_tls(), tls_pool{this, p});
+  }
+  void leave_pool(tls_pool previous) noexcept {
+    current_tls() = previous;
+    if (scopes_.fetch_sub(1, std::memory_order_relaxed) == 1) {
+      std::lock_guard lock(mutex_);
+      retire_pools();
     }
+  }
+
+ private:
+  struct pending_event {
+    event_token token;
+    block* b;
+  };
+  struct stream_queue {
+    std::uintptr_t stream;
+    std::deque<pending_event> events;  // in recording order: they complete in order
   };
 
-  void note_allocation(std::size_t size) {
-    allocated_ += size;
-    ++allocations_;
-    if (allocated_ > peak_) peak_ = allocated_;
+  static tls_pool& current_tls() noexcept {
+    thread_local tls_pool t;
+    return t;
   }
-  void release_cached() noexcept {
-    for (auto& [k, blocks] : free_) {
-      for (void* p : blocks) {
-        resource_.raw_free(p);
-        reserved_ -= k.size;
-        cached_ -= k.size;
+
+  bool may_free() const noexcept { return scopes_.load(std::memory_order_relaxed) == 0; }
+
+  bool any_use_capturing(const block* b) noexcept {
+    for (const auto& u : b->uses)
+      if (resource_.capturing(reinterpret_cast<void*>(u.stream))) return true;
+    return false;
+  }
+
+  void record_events(block* b) noexcept {
+    b->state = block::pending;
+    for (const auto& u : b->uses) {
+      const event_token tok = resource_.record_event(u.place, reinterpret_cast<void*>(u.stream));
+      stream_queue* q = nullptr;
+      for (auto& x : queues_)
+        if (x.stream == u.stream) q = &x;
+      if (!q) {
+        queues_.push_back(stream_queue{u.stream, {}});
+        q = &queues_.back();
       }
-      blocks.clear();
+      q->events.push_back({tok, b});
+      ++b->events;
     }
-    free_.clear();
+    b->uses.clear();
+  }
+
+  void poll_events() noexcept {
+    for (std::size_t i = 0; i < queues_.size();) {
+      auto& q = queues_[i].events;
+      while (!q.empty() && resource_.event_done(q.front().token)) {
+        const pending_event e = q.front();
+        q.pop_front();
+        resource_.release_event(e.token);
+        if (--e.b->events == 0) {
+          pending_bytes_ -= e.b->size;
+          free_block(e.b);
+        }
+      }
+      if (q.empty()) {
+        queues_[i] = std::move(queues_.back());
+        queues_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void process_deferred() noexcept {
+    for (std::size_t i = 0; i < deferred_.size();) {
+      block* b = deferred_[i];
+      if (b->uses.empty()) {  // its streams were released meanwhile
+        pending_bytes_ -= b->size;
+        deferred_[i] = deferred_.back();
+        deferred_.pop_back();
+        free_block(b);
+      } else if (!any_use_capturing(b)) {
+        deferred_[i] = deferred_.back();
+        deferred_.pop_back();
+        record_events(b);
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  block* find_free(pool_state& pool, bool small, int place, std::uintptr_t stream, std::size_t size) {
+    block key;
+    key.small = small;
+    key.place = place;
+    key.size = size;
+    for (std::uintptr_t s : {stream, any_stream}) {
+      key.stream = s;
+      auto it = pool.free.lower_bound(&key);
+      if (it != pool.free.end() && (*it)->small == small && (*it)->place == place && (*it)->stream == s)
+        return *it;
+      if (s == any_stream) break;
+    }
+    return nullptr;
+  }
+
+  /// Hands out free block b (in pool.free) for `size` bytes on `stream`, splitting off
+  /// the rest.
+  block* take(pool_state& pool, block* b, std::size_t size, std::uintptr_t stream) {
+    pool.free.erase(b);
+    if (should_split(b->small, b->size, size)) {
+      auto* rest = new block;
+      rest->addr = b->addr + size;
+      rest->size = b->size - size;
+      rest->stream = b->stream;  // an any-stream rest stays any-stream
+      rest->place = b->place;
+      rest->small = b->small;
+      rest->pool = &pool;
+      rest->prev = b;
+      rest->next = b->next;
+      if (b->next) b->next->prev = rest;
+      b->next = rest;
+      b->size = size;
+      rest->state = block::free_;
+      pool.free.insert(rest);
+    }
+    if (Resource::stream_ordered) b->stream = stream;
+    b->state = block::live;
+    ++pool.blocks;
+    return b;
+  }
+
+  static bool mergeable(const block* a, const block* n) noexcept {
+    return n && n->state == block::free_ &&
+           (a->stream == n->stream || a->stream == any_stream || n->stream == any_stream);
+  }
+
+  /// b (not in any set) becomes free: merged with free neighbours it may share with,
+  /// then inserted into its pool's free set.
+  void insert_free(pool_state& pool, block* b) noexcept {
+    for (block* n : {b->prev, b->next}) {
+      if (!mergeable(b, n)) continue;
+      pool.free.erase(n);
+      if (b->stream == any_stream) b->stream = n->stream;
+      if (n == b->prev) {
+        b->addr = n->addr;
+        b->prev = n->prev;
+        if (b->prev) b->prev->next = b;
+      } else {
+        b->next = n->next;
+        if (b->next) b->next->prev = b;
+      }
+      b->size += n->size;
+      delete n;
+    }
+    b->state = block::free_;
+    pool.free.insert(b);
+  }
+
+  void free_block(block* b) noexcept {
+    pool_state& pool = *b->pool;
+    --pool.blocks;
+    insert_free(pool, b);
+    if (pool.destroyed && pool.blocks == 0) retire_pools();
+  }
+
+  block* grow(pool_state& pool, std::size_t size, bool small, int place, std::uintptr_t stream) {
+    std::size_t seg = segment_size(size);
+    if (reserved_ > limit_ || seg > limit_ - reserved_) {
+      // The usual segment does not fit the limit: a segment of exactly the request,
+      // after returning cached segments where they make the room.
+      seg = size;
+      if (reserved_ > limit_ || size > limit_ - reserved_) {
+        const std::size_t need = size - (reserved_ > limit_ ? 0 : limit_ - reserved_) +
+                                 (reserved_ > limit_ ? reserved_ - limit_ : 0);
+        if (!may_free() || !release(shared_, need, true))
+          throw out_of_memory(device_name, size, allocated_, reserved_, limit_,
+                              may_free() ? "memory limit"
+                                         : "memory limit; cached memory cannot be returned while "
+                                           "a graph pool scope is alive");
+      }
+    }
+    void* p = resource_.raw_allocate(seg);
+    if (!p && seg > size) p = resource_.raw_allocate(seg = size);
+    if (!p && may_free()) {
+      // The system refused: wait for the device once, return the cached segments that
+      // make the room (then all of them) and try again.
+      resource_.synchronize();
+      if (!queues_.empty()) poll_events();
+      if (release(shared_, seg, false)) p = resource_.raw_allocate(seg);
+      if (!p && release(shared_, std::numeric_limits<std::size_t>::max(), false))
+        p = resource_.raw_allocate(seg);
+    }
+    if (!p)
+      throw out_of_memory(device_name, size, allocated_, reserved_, limit_,
+                          may_free() ? "the device has no free memory left, with the cache emptied and "
+                                       "the allocation retried"
+                                     : "the device has no free memory left; cached memory cannot be "
+                                       "returned while a graph pool scope is alive");
+    ++system_allocations_;
+    reserved_ += seg;
+    pool.reserved += seg;
+    auto* b = new block;
+    b->addr = reinterpret_cast<std::uintptr_t>(p);
+    b->size = seg;
+    b->stream = stream;
+    b->place = place;
+    b->small = small;
+    b->pool = &pool;
+    b->state = block::free_;
+    pool.free.insert(b);
+    return b;
+  }
+
+  /// Returns whole free segments of `pool` to the system: the smallest that frees
+  /// `need` bytes, else the largest first until `need` is met. Returns false, freeing
+  /// nothing, if all of them would not make `need` (need = max(): free all, return
+  /// whether any was freed). `sync_if_short`: when short and blocks are pending,
+  /// synchronize once and count the blocks that completed.
+  bool release(pool_state& pool, std::size_t need, bool sync_if_short) noexcept {
+    const bool all = need == std::numeric_limits<std::size_t>::max();
+    std::vector<std::pair<std::size_t, block*>> segs;  // (bytes, first block)
+    std::size_t total = 0;
+    const auto collect = [&] {
+      segs.clear();
+      total = 0;
+      for (block* b : pool.free) {
+        if (b->prev) continue;
+        std::size_t bytes = 0;
+        const block* x = b;
+        for (; x && x->state == block::free_; x = x->next) bytes += x->size;
+        if (x) continue;  // a block of the segment is not free
+        segs.emplace_back(bytes, b);
+        total += bytes;
+      }
+    };
+    collect();
+    if (!all && total < need && sync_if_short && !queues_.empty()) {
+      resource_.synchronize();
+      poll_events();
+      collect();
+    }
+    if (all ? segs.empty() : total < need) return false;
+    std::size_t freed = 0;
+    for (std::size_t i = 1; i < segs.size(); ++i)  // by size (few segments; no <algorithm>)
+      for (std::size_t j = i; j > 0 && segs[j].first < segs[j - 1].first; --j) std::swap(segs[j], segs[j - 1]);
+    if (!all) {
+      for (auto& s : segs)
+        if (s.first >= need) {
+          free_segment(pool, s.second, s.first);
+          return true;
+        }
+    }
+    for (auto it = segs.rbegin(); it != segs.rend() && (all || freed < need); ++it) {
+      free_segment(pool, it->second, it->first);
+      freed += it->first;
+    }
+    return true;
+  }
+
+  void free_segment(pool_state& pool, block* head, std::size_t bytes) noexcept {
+    resource_.raw_free(reinterpret_cast<void*>(head->addr), head->place);
+    reserved_ -= bytes;
+    pool.reserved -= bytes;
+    for (block* b = head; b;) {
+      block* n = b->next;
+      pool.free.erase(b);
+      delete b;
+      b = n;
+    }
+  }
+
+  /// Destroyed pools with nothing live or pending give their segments back.
+  void retire_pools() noexcept {
+    if (!may_free()) return;
+    for (std::size_t i = 0; i < pools_.size();) {
+      pool_state& p = *pools_[i];
+      if (p.destroyed && p.blocks == 0) {
+        release(p, std::numeric_limits<std::size_t>::max(), false);
+        pools_[i] = std::move(pools_.back());
+        pools_.pop_back();
+      } else {
+        ++i;
+      }
+    }
   }
 
   std::mutex mutex_;
   Resource resource_;
-  std::unordered_map<key, std::vector<void*>, key_hash> free_;
-  std::unordered_map<void*, key> live_;
-  std::size_t allocated_ = 0, reserved_ = 0, cached_ = 0, peak_ = 0, allocations_ = 0,
-              cache_hits_ = 0;
+  pool_state shared_;
+  std::vector<std::unique_ptr<pool_state>> pools_;
+  std::map<std::uintptr_t, block*> live_;
+  std::vector<stream_queue> queues_;
+  std::vector<block*> deferred_;
+  std::atomic<int> scopes_{0};
+  std::size_t allocated_ = 0, reserved_ = 0, peak_ = 0, allocations_ = 0, cache_hits_ = 0,
+              pending_bytes_ = 0, system_allocations_ = 0;
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
 };
 
+/// A private pool of a caching allocator (for one captured CUDA graph): owns the
+/// allocator's pool state until destroyed. See caching_allocator's class comment.
+template <class Allocator>
+class basic_graph_pool {
+ public:
+  explicit basic_graph_pool(Allocator& a) : allocator_(&a), state_(a.create_pool()) {}
+  basic_graph_pool(const basic_graph_pool&) = delete;
+  basic_graph_pool& operator=(const basic_graph_pool&) = delete;
+  ~basic_graph_pool() { allocator_->destroy_pool(state_); }
+  /// Bytes of the segments the pool holds.
+  [[nodiscard]] std::size_t reserved_bytes() const { return allocator_->pool_reserved(state_); }
+  [[nodiscard]] Allocator& allocator() const noexcept { return *allocator_; }
+  [[nodiscard]] typename Allocator::pool_state* state() const noexcept { return state_; }
+
+ private:
+  Allocator* allocator_;
+  typename Allocator::pool_state* state_;
+};
+
+/// While alive, this thread's allocations from the pool's allocator come from the
+/// pool. The pool must outlive the scope. Scopes nest (the inner one wins).
+template <class Allocator>
+class basic_graph_pool_scope {
+ public:
+  explicit basic_graph_pool_scope(basic_graph_pool<Allocator>& p)
+      : allocator_(&p.allocator()), previous_(allocator_->enter_pool(p.state())) {}
+  basic_graph_pool_scope(const basic_graph_pool_scope&) = delete;
+  basic_graph_pool_scope& operator=(const basic_graph_pool_scope&) = delete;
+  ~basic_graph_pool_scope() { allocator_->leave_pool(previous_); }
+
+ private:
+  Allocator* allocator_;
+  typename Allocator::tls_pool previous_;
+};
+
 #if LOCUS_HAS_CUDA
+/// Sets the current device for a scope (no call when it is current already).
+class place_guard {
+ public:
+  explicit place_guard(int device) noexcept {
+    int cur = 0;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != device && cudaSetDevice(device) == cudaSuccess)
+      previous_ = cur;
+  }
+  place_guard(const place_guard&) = delete;
+  place_guard& operator=(const place_guard&) = delete;
+  ~place_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+/// Completion events, pooled per device (creating one per free is too slow). Used
+/// under the allocator's mutex.
+class event_pool {
+ public:
+  struct token {
+    cudaEvent_t event = nullptr;  // null: nothing to wait for
+    int device = 0;
+  };
+  token record(int device, void* stream) noexcept {
+    place_guard g(device);
+    token t{nullptr, device};
+    if (static_cast<std::size_t>(device) < free_.size() && !free_[static_cast<std::size_t>(device)].empty()) {
+      t.event = free_[static_cast<std::size_t>(device)].back();
+      free_[static_cast<std::size_t>(device)].pop_back();
+    } else if (cudaEventCreateWithFlags(&t.event, cudaEventDisableTiming) != cudaSuccess) {
+      t.event = nullptr;
+    }
+    if (t.event && cudaEventRecord(t.event, static_cast<cudaStream_t>(stream)) == cudaSuccess) return t;
+    // No event: wait for the stream here instead (rare: an error path).
+    (void)cudaGetLastError();
+    if (t.event) release(t);
+    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    (void)cudaGetLastError();
+    return token{nullptr, device};
+  }
+  static bool done(token t) noexcept {
+    if (!t.event) return true;
+    const cudaError_t st = cudaEventQuery(t.event);
+    if (st == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    // Not ready, or an error: a failed context will not complete anything, and
+    // keeping the block forever helps no one.
+    return st != cudaErrorNotReady;
+  }
+  void release(token t) noexcept {
+    if (!t.event) return;
+    const auto d = static_cast<std::size_t>(t.device < 0 ? 0 : t.device);
+    if (free_.size() <= d) free_.resize(d + 1);
+    free_[d].push_back(t.event);
+  }
+  static bool capturing(void* stream) noexcept {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;  // e.g. the legacy stream while another stream captures: not safe
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
+  static int current_device() noexcept {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return d;
+  }
+
+ private:
+  std::vector<std::vector<cudaEvent_t>> free_;
+};
+
 /// Page-locked host memory from cudaHostAlloc. Without a usable driver (CI, a
 /// machine without a GPU) it falls back to aligned pageable memory, says so in
 /// memory_stats<pinned>().fallback and environment(), and every host path keeps working.
+/// Pinned blocks belong to no stream: every stream recorded as a user gets an event.
 class pinned_resource {
  public:
   static constexpr std::string_view device_name = "pinned";
+  static constexpr bool stream_ordered = false;
+  using event_token = event_pool::token;
   void* raw_allocate(std::size_t bytes) {
     if (!fallback_) {
       void* p = nullptr;
@@ -271,7 +936,7 @@ class pinned_resource {
     }
     return aligned_host_alloc(bytes);
   }
-  void raw_free(void* p) noexcept {
+  void raw_free(void* p, int) noexcept {
     for (auto& q : locked_) {
       if (q == p) {
         q = locked_.back();
@@ -283,18 +948,31 @@ class pinned_resource {
     std::free(p);
   }
   int place() const noexcept { return 0; }
+  int current_place() const noexcept { return fallback_ ? 0 : event_pool::current_device(); }
   void* stream() const noexcept { return nullptr; }
   bool fallback() const noexcept { return fallback_; }
+  event_token record_event(int place, void* s) noexcept {
+    return fallback_ ? event_token{} : events_.record(place, s);
+  }
+  bool event_done(event_token t) noexcept { return event_pool::done(t); }
+  void release_event(event_token t) noexcept { events_.release(t); }
+  bool capturing(void* s) noexcept { return !fallback_ && event_pool::capturing(s); }
+  void synchronize() noexcept {
+    if (!fallback_ && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  }
 
  private:
   bool fallback_ = false;
   std::vector<void*> locked_;
+  event_pool events_;
 };
 
 /// Device memory of the current GPU from cudaMalloc.
 class cuda_resource {
  public:
   static constexpr std::string_view device_name = "cuda";
+  static constexpr bool stream_ordered = true;
+  using event_token = event_pool::token;
   void* raw_allocate(std::size_t bytes) {
     void* p = nullptr;
     const cudaError_t st = cudaMalloc(&p, bytes);
@@ -305,14 +983,28 @@ class cuda_resource {
     LOCUS_CUDA_CHECK(st);
     return p;
   }
-  void raw_free(void* p) noexcept { (void)cudaFree(p); }
+  void raw_free(void* p, int place) noexcept {
+    place_guard g(place);
+    (void)cudaFree(p);
+  }
   int place() const {
     int d = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&d));
     return d;
   }
+  int current_place() const noexcept { return event_pool::current_device(); }
   void* stream() const noexcept { return static_cast<void*>(current_stream()); }
   bool fallback() const noexcept { return false; }
+  event_token record_event(int place, void* s) noexcept { return events_.record(place, s); }
+  bool event_done(event_token t) noexcept { return event_pool::done(t); }
+  void release_event(event_token t) noexcept { events_.release(t); }
+  bool capturing(void* s) noexcept { return event_pool::capturing(s); }
+  void synchronize() noexcept {
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  }
+
+ private:
+  event_pool events_;
 };
 #endif
 
@@ -341,7 +1033,52 @@ auto& allocator_for() {
 #endif
 }
 
+#if LOCUS_HAS_CUDA
+/// Notes that work on stream `s` uses the cuda or pinned block holding `p` (p may
+/// point anywhere inside a live block: views point into blocks). When the block is
+/// freed, an event is recorded on `s` and the block is not reused until it has
+/// completed. Pointers no caching allocator handed out (cpu memory, foreign memory
+/// of unsafe_view) are ignored; so is a cuda block's own allocation stream.
+inline void record_block_use(const void* p, cudaStream_t s) {
+  if (!p) return;
+  allocator_for<cuda>().record_use(p, static_cast<void*>(s));
+  allocator_for<pinned>().record_use(p, static_cast<void*>(s));
+}
+
+/// For a stream that has finished its work (synchronised) and is about to be
+/// destroyed: call before cudaStreamDestroy, so that no new stream can have its
+/// handle yet. Its cuda blocks, cached and live, become blocks any stream may take
+/// (none is returned to the system), and it leaves every block's list of users.
+inline void release_stream_blocks(cudaStream_t s) {
+  allocator_for<cuda>().release_stream(static_cast<void*>(s));
+  allocator_for<pinned>().release_stream(static_cast<void*>(s));
+}
+
+/// The cuda blocks of one captured CUDA graph. Hold it (a shared_ptr from
+/// make_graph_pool) as long as the graph exists; destroy the graph (its
+/// cudaGraphExec_t) first. When the pool is destroyed its segments return to the
+/// system at once if none of its blocks is live; a tensor from the pool that outlives
+/// it is still freed safely: its block returns to the (destroyed) pool, whose segments
+/// are released when the last block is freed (and no scope is alive).
+class graph_pool : public basic_graph_pool<caching_allocator<cuda_resource>> {
+ public:
+  graph_pool() : basic_graph_pool(allocator_for<cuda>()) {}
+};
+
+inline std::shared_ptr<graph_pool> make_graph_pool() { return std::make_shared<graph_pool>(); }
+
+/// While alive, cuda allocations of this thread come from the pool, and frees of the
+/// pool's blocks (from any thread, in or out of scope) go back to it only. Capture
+/// under cudaStreamCaptureModeRelaxed (the pool may call cudaMalloc when it grows),
+/// or warm the pool up with one uncaptured step under the same scope.
+class graph_pool_scope : public basic_graph_pool_scope<caching_allocator<cuda_resource>> {
+ public:
+  explicit graph_pool_scope(graph_pool& p) : basic_graph_pool_scope(p) {}
+};
+#endif
+
 }  // namespace detail
+
 
 /// Statistics of device D's allocator (allocated, reserved, peak, counts).
 template <Device D>
