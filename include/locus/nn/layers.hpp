@@ -372,6 +372,13 @@ constexpr bool check_layers() {
 }
 }  // namespace detail
 
+namespace detail {
+template <class L>
+struct is_dropout : std::false_type {};
+template <Device D, class P>
+struct is_dropout<dropout<D, P>> : std::true_type {};
+}  // namespace detail
+
 /// Layers applied in order. Owns the parameter store of all of them.
 template <class... Layers>
 class sequential {
@@ -390,6 +397,9 @@ class sequential {
   using view = tensor_view<const C, device, 2>;
   using store_type = parameter_store<device, policy>;
   static constexpr std::size_t size = sizeof...(Layers);
+  /// Whether a layer is a dropout (the trainer's graph mode refuses such models: a
+  /// replay would repeat the captured mask).
+  static constexpr bool has_dropout = (detail::is_dropout<Layers>::value || ...);
   static_assert(detail::check_layers<first, Layers...>());
 
   /// Takes the layers, allocates their parameters and initialises them from `seed`.

@@ -9,7 +9,21 @@
 // writes the compute-dtype copy of the weight for mixed policies in the same pass.
 // Whether to skip the step (a grad scaler's overflow, the trainer's non-finite guard)
 // and AdamW's bias corrections are decided on the device, so a step never waits for
-// the GPU. The optimizer's device is a type: adamw<cpu> on a cuda model does not compile.
+// the GPU.
+//
+// fused_step (what train::trainer calls): the whole optimizer step in two launches.
+// Pass 1 (check_pass) reads every gradient once and raises found_inf for a non-finite
+// one (for the grad scaler it tests g * (1 / scale), the value the update will use, and
+// writes nothing back); its last() (the last block to finish, see backend/launch.hpp)
+// does what were one-thread kernels: the trainer's running loss, the fp32 guard's trip,
+// and the skip decision with the step counter and bias corrections. Pass 2
+// (update_pass) applies the update with the unscale folded in (g * inv_scale), and its
+// last() does the grad scaler's update or resets found_inf for the next step. The skip
+// is exact: pass 2 reads the decision pass 1 made after seeing every gradient, so a step
+// with an inf/NaN gradient writes no parameter, no compute copy and no optimizer state.
+// The check cannot go inside the update itself: an element cannot know whether an
+// element another block has not read yet is finite. On the host the same functors run
+// (vectorised loops in host()). The optimizer's device is a type: adamw<cpu> on a cuda model does not compile.
 //
 // Loss scaling in a hand-written loop: step() without a guard on a model that computes
 // in f16 (or whose policy declares requires_loss_scaling) throws locus::error before
@@ -59,6 +73,231 @@ void with_compute(compute_kind k, F&& f) {
     case compute_kind::f16: f(static_cast<::locus::f16*>(nullptr)); break;
   }
 }
+/// The device scalars of a fused step, in the optimizer's scalars buffer.
+struct fused_scalars {
+  update_scalars u;          // skip, first, bias1, bias2 (what the classic kernels read)
+  float inv_scale;           // the update multiplies g by it (1 / scale; 1 without a scaler)
+  float unused;
+  unsigned int tickets[2];   // launch_n_then's counters: check pass, update pass
+};
+static_assert(sizeof(fused_scalars) == 32);
+
+/// Per-step values the device reads from memory instead of kernel arguments (the
+/// trainer's graph mode writes them before each replay). nullptr: the values passed.
+struct step_vars {
+  std::int64_t micro_step;    // this micro-batch (counted from 0)
+  std::int64_t window_first;  // the first micro-batch of this optimizer step
+  float lr;                   // the scheduled learning rate
+  std::int32_t unused;
+};
+
+/// What the trainer asks of one fused optimizer step.
+template <class A>
+struct fused_args {
+  step_state* st = nullptr;  // the grad scaler's state or the trainer's guard (required)
+  bool scaler = false;       // true: unscale by st->scale, then dynamic loss scaling
+  float growth = 2.0f, backoff = 0.5f, interval = 2000.0f;  // the scaler's options
+  // fp32 guard only: the first parameter to go non-finite (offsets: count + 1 starts)
+  const index_t* offsets = nullptr;
+  int* param_bad = nullptr;
+  int count = 0;
+  std::int64_t* window_out = nullptr;  // gets the window's first micro-step when the guard trips
+  // The running loss, folded in: *running += *loss * weight, and the fp32 guard's
+  // first micro-step whose loss was not finite (nullptr: none).
+  A* running = nullptr;
+  const A* loss = nullptr;
+  A weight = A(0);
+  std::int64_t* first_nonfinite = nullptr;
+  const step_vars* vars = nullptr;  // device-resident micro step, window and lr
+  std::int64_t micro_step = 0, window_first = 0;
+};
+
+/// Pass 1: the finite check of every gradient (see the header comment).
+template <class A>
+struct check_pass {
+  const float* g;
+  step_state* st;
+  fused_scalars* fs;
+  std::int64_t* steps;
+  fused_args<A> a;
+  float beta1, beta2;
+
+  LOCUS_HOST_DEVICE float value(index_t i) const {
+    float v = g[i];
+    if (a.scaler) v *= 1.0f / st->scale;
+    return v;
+  }
+  LOCUS_HOST_DEVICE void mark(index_t i) const {
+    locus::detail::raise_flag(&st->found_inf);
+    if (a.param_bad) {
+      int p = 0;
+      while (p + 1 < a.count && a.offsets[p + 1] <= i) ++p;
+      locus::detail::raise_flag(&a.param_bad[p]);
+    }
+  }
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    if (st->sticky) return;
+    if (!locus::detail::finite(value(i))) mark(i);
+  }
+  /// The host form: one vectorised pass that only detects, the marking pass only when
+  /// something was not finite.
+  void host(index_t n) const {
+    if (st->sticky) return;
+    const float* __restrict gp = g;
+    const float inv = a.scaler ? 1.0f / st->scale : 1.0f;
+    const bool scaled = a.scaler;
+    int bad = 0;
+    [[maybe_unused]] const bool parallel = n >= locus::detail::host_parallel_threshold;
+#if defined(_OPENMP)
+#pragma omp parallel for simd reduction(| : bad) if (parallel)
+#endif
+    for (index_t i = 0; i < n; ++i) bad |= !locus::detail::finite(scaled ? gp[i] * inv : gp[i]);
+    if (!bad) return;
+    for (index_t i = 0; i < n; ++i)
+      if (!locus::detail::finite(value(i))) mark(i);
+  }
+  LOCUS_HOST_DEVICE void last() const {
+    using locus::detail::fresh;
+    const std::int64_t micro = a.vars ? fresh(&a.vars->micro_step) : a.micro_step;
+    if (a.running) {  // the trainer's running loss of this micro-batch
+      const A x = fresh(a.loss);
+      *a.running = fresh(a.running) + x * a.weight;
+      if (a.first_nonfinite && fresh(a.first_nonfinite) < 0 && !(x - x == A(0))) *a.first_nonfinite = micro;
+    }
+    const int found = fresh(&st->found_inf);
+    if (!a.scaler && found && !fresh(&st->sticky)) {  // the fp32 guard trips
+      st->sticky = 1;
+      st->bad_step = micro;
+      if (a.window_out) *a.window_out = a.vars ? fresh(&a.vars->window_first) : a.window_first;
+    }
+    const bool skip = found || fresh(&st->sticky);
+    fs->u.skip = skip ? 1 : 0;
+    fs->inv_scale = a.scaler ? 1.0f / fresh(&st->scale) : 1.0f;
+    if (skip) {
+      st->skipped = fresh(&st->skipped) + 1;
+      return;
+    }
+    const std::int64_t t = fresh(steps) + 1;
+    *steps = t;
+    fs->u.first = t == 1 ? 1 : 0;
+    fs->u.bias1 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta1), static_cast<double>(t)));
+    fs->u.bias2 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta2), static_cast<double>(t)));
+  }
+};
+
+/// Pass 2: the update U (U(i, g, scalars) for one element, U::host for the host loop)
+/// with the unscale folded in; last(): the grad scaler's update, or found_inf reset.
+template <class U>
+struct update_pass {
+  U u;
+  const float* g;
+  const fused_scalars* fs;
+  step_state* st;
+  bool scaler;
+  float growth, backoff, interval;
+
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    if (fs->u.skip) return;
+    const float gi = scaler ? g[i] * fs->inv_scale : g[i];
+    u(i, gi, fs->u);
+  }
+  void host(index_t n) const {
+    if (fs->u.skip) return;
+    u.host(n, g, scaler ? fs->inv_scale : 1.0f, scaler, fs->u);
+  }
+  LOCUS_HOST_DEVICE void last() const {
+    using locus::detail::fresh;
+    if (scaler) {  // scaler_update_kernel's arithmetic
+      if (fresh(&st->found_inf)) {
+        st->scale = fresh(&st->scale) * backoff;
+        st->growth_tracker = 0.0f;
+      } else {
+        float gt = fresh(&st->growth_tracker) + 1.0f;
+        if (gt >= interval) {
+          st->scale = fresh(&st->scale) * growth;
+          gt = 0.0f;
+        }
+        st->growth_tracker = gt;
+      }
+      st->found_inf = 0;
+    } else if (!fresh(&st->sticky)) {
+      st->found_inf = 0;  // ready for the next step's check (check_begin_kernel's work)
+    }
+  }
+};
+
+/// AdamW's element update for the fused step (adamw_kernel's arithmetic).
+template <class C>
+struct adamw_elem {
+  float* p;
+  float* m;
+  float* v;
+  C* pc;
+  const step_vars* vars;  // graph mode: lr from the device
+  float lr, beta1, beta2, eps, weight_decay;
+  LOCUS_HOST_DEVICE void operator()(index_t i, float gi, const update_scalars& sc) const {
+    const float l = vars ? vars->lr : lr;
+    float mi = m[i], vi = v[i];
+    const float pi =
+        locus::detail::adamw_kernel<C>::update(p[i], gi, mi, vi, l, beta1, beta2, eps, weight_decay, sc.bias1, sc.bias2);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (pc) pc[i] = locus::detail::store<C>(pi);
+  }
+  void host(index_t n, const float* gs, float inv, bool scaled, const update_scalars& sc) const {
+    float* __restrict pp = p;
+    const float* __restrict g = gs;
+    float* __restrict mp = m;
+    float* __restrict vp = v;
+    C* __restrict pcp = pc;
+    const float l = vars ? vars->lr : lr, b1 = beta1, b2 = beta2, e = eps, wd = weight_decay;
+    const float bias1 = sc.bias1, bias2 = sc.bias2;
+    [[maybe_unused]] const bool parallel = n >= locus::detail::host_parallel_threshold;
+#if defined(_OPENMP) && defined(__clang__)
+#pragma omp parallel for if (parallel)
+#elif defined(_OPENMP)
+#pragma omp parallel for simd if (parallel)
+#endif
+    for (index_t i = 0; i < n; ++i) {
+      const float gi = scaled ? g[i] * inv : g[i];
+      float mi = mp[i], vi = vp[i];
+      const float pi = locus::detail::adamw_kernel<C>::update(pp[i], gi, mi, vi, l, b1, b2, e, wd, bias1, bias2);
+      mp[i] = mi;
+      vp[i] = vi;
+      pp[i] = pi;
+      if constexpr (!std::is_same_v<C, float>) pcp[i] = locus::detail::store<C>(pi);
+      else if (pcp) pcp[i] = pi;
+    }
+  }
+};
+
+/// SGD's element update for the fused step (sgd_kernel's arithmetic).
+template <class C>
+struct sgd_elem {
+  float* p;
+  float* buf;
+  C* pc;
+  const step_vars* vars;
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  LOCUS_HOST_DEVICE void operator()(index_t i, float gi, const update_scalars& sc) const {
+    const float l = vars ? vars->lr : lr;
+    float d = gi + weight_decay * p[i];
+    if (buf) {
+      const float b = sc.first ? d : momentum * buf[i] + (1.0f - dampening) * d;
+      buf[i] = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    const float pi = p[i] - l * d;
+    p[i] = pi;
+    if (pc) pc[i] = locus::detail::store<C>(pi);
+  }
+  void host(index_t n, const float* g, float inv, bool scaled, const update_scalars& sc) const {
+    for (index_t i = 0; i < n; ++i) (*this)(i, scaled ? g[i] * inv : g[i], sc);
+  }
+};
+
 /// What every optimizer keeps of the model: its flat buffers and where they live.
 template <Device D>
 struct bound_parameters {
@@ -150,7 +389,25 @@ class optimizer_base {
       : params_(bound_parameters<D>::template bind<MD, Policy>(params)),
         o_(o),
         steps_(zeros<std::int64_t, D>(extents<1>{1})),
-        scalars_(zeros<std::int32_t, D>(extents<1>{4})) {}
+        scalars_(zeros<std::int32_t, D>(extents<1>{static_cast<index_t>(sizeof(fused_scalars) / 4)})) {}
+
+  fused_scalars* fused() noexcept { return reinterpret_cast<fused_scalars*>(scalars_.data_handle()); }
+
+  /// fused_step's first pass (the check); the caller launches the second.
+  template <class A>
+  void run_check(const fused_args<A>& a, float beta1, float beta2) {
+    if (a.st == nullptr)
+      throw error("locus: fused_step needs the grad scaler's state or the trainer's non-finite guard");
+    fused_scalars* fs = fused();
+    locus::detail::launch_n_then<D>(params_.n, check_pass<A>{params_.g, a.st, fs, steps_.data_handle(), a, beta1, beta2},
+                                    &fs->tickets[0]);
+  }
+  template <class U, class A>
+  void run_update(const U& u, const fused_args<A>& a) {
+    fused_scalars* fs = fused();
+    locus::detail::launch_n_then<D>(
+        params_.n, update_pass<U>{u, params_.g, fs, a.st, a.scaler, a.growth, a.backoff, a.interval}, &fs->tickets[1]);
+  }
 
   /// Starts a step on the device: counts it unless `guard` reports a non-finite
   /// gradient, and leaves the scalars the update kernel reads (bias corrections with
@@ -233,6 +490,23 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
     update(this->begin_unscaled(nullptr, static_cast<float>(o.beta1), static_cast<float>(o.beta2)));
   }
 
+  /// The whole step in two launches, with the check, the skip decision and the grad
+  /// scaler's update folded in (see the header comment): what train::trainer calls.
+  template <class A>
+  void fused_step(const detail::fused_args<A>& a) {
+    const auto& o = this->o_;
+    const auto& pr = this->params_;
+    this->run_check(a, static_cast<float>(o.beta1), static_cast<float>(o.beta2));
+    detail::with_compute(pr.kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      this->run_update(detail::adamw_elem<C>{pr.p, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), a.vars,
+                                             static_cast<float>(o.lr), static_cast<float>(o.beta1),
+                                             static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                                             static_cast<float>(o.weight_decay)},
+                       a);
+    });
+  }
+
   /// The state tensors by name (for checkpoints): "exp_avg", "exp_avg_sq" (flat, laid out
   /// as the parameter store); the step counter is step_tensor().
   template <class F>
@@ -293,6 +567,22 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
   /// As adamw::step: without a guard on a model that computes in f16, locus::error.
   void step(locus::detail::step_state* guard = nullptr) { update(this->begin_step(guard, 0.0f, 0.0f)); }
   void step(unscaled_t) { update(this->begin_unscaled(nullptr, 0.0f, 0.0f)); }
+
+  /// As adamw::fused_step.
+  template <class A>
+  void fused_step(const detail::fused_args<A>& a) {
+    const auto& o = this->o_;
+    const auto& pr = this->params_;
+    this->run_check(a, 0.0f, 0.0f);
+    detail::with_compute(pr.kind, [&](auto* tag) {
+      using C = std::remove_pointer_t<decltype(tag)>;
+      this->run_update(detail::sgd_elem<C>{pr.p, o.momentum != 0.0 ? buf_.data_handle() : nullptr,
+                                           static_cast<C*>(pr.pc), a.vars, static_cast<float>(o.lr),
+                                           static_cast<float>(o.momentum), static_cast<float>(o.dampening),
+                                           static_cast<float>(o.weight_decay), o.nesterov},
+                       a);
+    });
+  }
 
   template <class F>
   void for_each_state(F&& f) {

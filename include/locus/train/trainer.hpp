@@ -13,6 +13,36 @@
 // until report() (or the end of an epoch) reads it, and on cuda a bad label or a
 // non-finite gradient is reported there. On host devices they are reported at once.
 //
+// Graph mode ({.cuda_graph = true}, cuda only): the step runs on the trainer's own
+// non-blocking stream and is captured as a CUDA graph once per branch of the
+// accumulation cycle (a micro-batch without an update, and one with it), then replayed:
+// one graph launch per step, plus the copy of the batch into the trainer's static input
+// buffers and one tiny kernel that writes the step's values (micro-step, window, the
+// scheduled lr) into device memory the graph reads. The first step of each branch runs
+// ordinarily on that stream under a graph-private memory pool (filling the pool, the
+// cuBLASLt algorithm cache and the layers' buffers); the second is captured
+// (cudaStreamCaptureModeThreadLocal: the loader's producer thread may allocate and
+// synchronise meanwhile; this thread may not, and does not) and replays from then on.
+// Replays compute exactly what the ordinary step computes (the same kernels on the same
+// buffers): the losses are equal bit for bit. A batch of another shape (an epoch's last,
+// partial batch) drops the graphs (the layers' buffers are reallocated for it, and the
+// graphs point at the old ones): it runs ordinarily, and the graphs are captured again
+// after it; so do evaluate() and probe(), which may resize the same buffers. An epoch
+// whose size is not a multiple of the batch costs two ordinary steps and two captures
+// (use the loader's drop_last to avoid them). The caller's stream waits for
+// each step, so report(), evaluate() and the loader's reuse of the batch are ordered
+// after it. Refused (locus::error at construction): a trainer on a host device (a
+// run-time flag, so a run-time error) and a model with dropout (its mask would repeat).
+// Label errors in graph mode name "the batch", not the micro-step.
+//
+// Capture safety at compile time: locus has no user-facing captured region. Graph mode
+// captures only the trainer's own step, whose every operation is locus code known to be
+// capture-safe; a compile-time rule for user regions would need every host read, copy,
+// allocation and synchronisation in the library to take a "not capturing" token, and
+// still could not see into a user function called from the region (a plain call does
+// not carry the token), so it would promise more than it checks. What breaks a capture
+// at run time is reported as locus::cuda_error (the runtime's capture errors).
+//
 // Rules checked at compile time: a batch on another device than the model, an optimizer
 // or scaler built for another device, and a policy that computes in f16 (amp::fp16_mixed
 // or any other) without a grad scaler. At construction: an optimizer bound to another
@@ -38,6 +68,11 @@
 #include "../nn/layers.hpp"
 #include "../nn/loss.hpp"
 #include "../optim/optim.hpp"
+#if LOCUS_HAS_CUDA
+#include <memory>
+
+#include "../transfer/stream.hpp"
+#endif
 
 namespace locus::train {
 
@@ -63,6 +98,7 @@ struct no_scaler {
 
 struct options {
   int accumulate = 1;        ///< micro-batches per optimizer step
+  bool cuda_graph = false;   ///< cuda: capture the step as a CUDA graph and replay it
   bool check_finite = true;  ///< without a scaler: stop on a non-finite gradient
   optim::schedule schedule{};  ///< lr of each optimizer step (empty: the optimizer's lr)
 };
@@ -96,6 +132,38 @@ struct epoch_options {
 
 namespace detail {
 using locus::detail::step_state;
+using optim::detail::step_vars;
+
+/// *acc += *v * w (one thread), noting the first micro-step whose loss was not finite;
+/// the micro-step from device memory in graph mode.
+template <class A>
+struct accumulate_loss_kernel {
+  A* acc;
+  const A* v;
+  A w;
+  std::int64_t* first_nonfinite;
+  const step_vars* vars;
+  std::int64_t tag;
+  LOCUS_HOST_DEVICE void operator()(index_t) const {
+    const A x = *v;
+    *acc += x * w;
+    if (first_nonfinite && *first_nonfinite < 0 && !(x - x == A(0))) *first_nonfinite = vars ? vars->micro_step : tag;
+  }
+};
+
+/// Writes a step's values into device memory (graph mode, before each replay).
+struct set_vars_kernel {
+  step_vars* dst;
+  step_vars v;
+  LOCUS_HOST_DEVICE void operator()(index_t) const { *dst = v; }
+};
+
+/// Whether a model type holds a dropout layer (graph mode would repeat its mask).
+template <class M>
+constexpr bool has_dropout() {
+  if constexpr (requires { M::has_dropout; }) return M::has_dropout;
+  else return false;
+}
 
 // The need for a scaler follows from f16 compute itself (a home-made policy with
 // compute = f16 and requires_loss_scaling = false is refused too); the flag only adds
@@ -170,34 +238,17 @@ class trainer {
   void step(const X& x, const Y& y) {
     if constexpr (!check_batch<X, Y>()) return;
     check_bound(true);
+#if LOCUS_HAS_CUDA
+    if constexpr (std::is_same_v<device, cuda>) {
+      if (o_.cuda_graph) return graph_step(x, y);
+    }
+#endif
     auto xv = input(x);
     auto yv = target(y);
-    try {
-      auto out = model_->forward(xv);
-      const float* scale = nullptr;
-      if constexpr (has_scaler) scale = scaler_->scale_ptr();
-      if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(micro_step_);
-      auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
-      model_->backward(loss_.grad());
-      // Counted once the step cannot fail any more: an out_of_memory above leaves the
-      // running loss as it was, like the weights. The fp32 guard also notes the first
-      // micro-step whose loss was not finite.
-      locus::detail::launch_n<device>(
-          1, locus::detail::accumulate_scalar_kernel<A>{running_.data_handle(), l.data_handle(),
-                                                        static_cast<A>(xv.shape()[0]),
-                                                        (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr,
-                                                        micro_step_});
-    } catch (const out_of_memory&) {
-      // The weights are untouched (only optimizer steps write them); drop the partial
-      // gradients so the next step starts clean.
-      model_->parameters().zero_grad();
-      micro_ = 0;
-      throw;
-    }
-    running_samples_ += xv.shape()[0];
-    if (micro_ == 0) window_first_ = micro_step_;
-    ++micro_step_;
-    if (++micro_ == o_.accumulate) optimizer_step();
+    const bool update = micro_ + 1 == o_.accumulate;
+    if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
+    enqueue_step(xv, yv, update, nullptr);
+    advance(xv.shape()[0], update);
     if constexpr (device::host_accessible) check();
   }
 
@@ -206,6 +257,7 @@ class trainer {
   template <class X, class Y>
   void probe(const X& x, const Y& y) {
     if constexpr (!check_batch<X, Y>()) return;
+    drop_graphs();  // probe resizes the buffers the graphs point at
     auto xv = input(x);
     auto yv = target(y);
     try {
@@ -220,10 +272,33 @@ class trainer {
     model_->parameters().zero_grad();
   }
 
+  /// Graph mode: forgets the captured graphs (they are captured again); a no-op otherwise.
+  void drop_graphs() noexcept {
+#if LOCUS_HAS_CUDA
+    if (graph_) graph_->drop();  // an executing graph is freed when it completes
+#endif
+  }
+
   /// Runs the optimizer on the gradients accumulated so far (an epoch's end calls it
   /// when fewer than `accumulate` micro-batches are pending).
   void flush() {
-    if (micro_ > 0) optimizer_step();
+    if (micro_ == 0) return;
+    if (o_.schedule) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
+#if LOCUS_HAS_CUDA
+    std::optional<locus::stream_guard> on_graph_stream;
+    if constexpr (std::is_same_v<device, cuda>) {
+      if (graph_) graph_->begin(on_graph_stream);
+    }
+#endif
+    if (fused()) fused_update(nullptr, A(0), nullptr, nullptr, micro_step_ - 1, window_first_);
+    else optimizer_step(micro_step_ - 1);
+    micro_ = 0;
+    ++optimizer_steps_;
+#if LOCUS_HAS_CUDA
+    if constexpr (std::is_same_v<device, cuda>) {
+      if (graph_) graph_->end(on_graph_stream);
+    }
+#endif
   }
 
   /// Reads the running loss back (the one synchronisation), checks labels and the
@@ -283,6 +358,7 @@ class trainer {
   /// Inference forward over a range of batches: mean loss and accuracy.
   template <class Loader>
   metrics evaluate(Loader& batches) {
+    drop_graphs();  // the loss's buffers may be resized for the test batches
     tensor<A, device, 1> acc = zeros<A, device>(extents<1>{2});
     std::int64_t samples = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -386,6 +462,17 @@ class trainer {
     // every step while this one never trains (and the other trains on this one's
     // gradients): refused here, before any step.
     check_bound(false);
+    if (o_.cuda_graph) {
+      if constexpr (!std::is_same_v<device, cuda>)
+        throw ::locus::value_error(
+            "locus: trainer option cuda_graph = true needs a trainer on cuda, but this one is on a host device, "
+            "which has no CUDA graphs; drop the option (a host step has no launches to save), or build the model "
+            "on locus::cuda");
+      if constexpr (detail::has_dropout<Model>())
+        throw ::locus::value_error(
+            "locus: trainer option cuda_graph = true on a model with a dropout layer: a replayed graph would drop "
+            "the same elements on every step; train this model without cuda_graph");
+    }
     base_lr_ = opt_->lr();
     running_ = zeros<A, device>(extents<1>{1});
     const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
@@ -469,9 +556,101 @@ class trainer {
     }
   }
 
-  void optimizer_step() {
+  /// Whether the optimizer step runs fused (two launches, the check and the running
+  /// loss folded in: optim.hpp): an optimizer with fused_step, and a scaler or the guard.
+  static constexpr bool fusable() {
+    if constexpr (!requires(Optimizer& o, const optim::detail::fused_args<A>& a) { o.fused_step(a); }) return false;
+    else if constexpr (has_scaler) return requires(Scaler& sc) { sc.options().growth_factor; };
+    else return true;
+  }
+  bool fused() const noexcept { return fusable() && (has_scaler || o_.check_finite); }
+
+  /// The device work of one micro-batch: forward, loss, backward, and (when `update`)
+  /// the optimizer step and zero_grad. `vars`: the step's values in device memory
+  /// (graph mode), or nullptr (they are kernel arguments). Enqueues only: no host read.
+  void enqueue_step(const tensor_view<const C, device, 2>& xv, const typename loss_state::target_view& yv, bool update,
+                    const detail::step_vars* vars) {
+    const std::int64_t micro = micro_step_;
+    const std::int64_t window = micro_ == 0 ? micro_step_ : window_first_;
+    const A weight = static_cast<A>(xv.shape()[0]);
+    std::int64_t* first_bad = (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr;
+    try {
+      auto out = model_->forward(xv);
+      const float* scale = nullptr;
+      if constexpr (has_scaler) scale = scaler_->scale_ptr();
+      if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(vars ? -1 : micro);
+      auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
+      model_->backward(loss_.grad());
+      // Counted once the step cannot fail any more: an out_of_memory above leaves the
+      // running loss as it was, like the weights. The fp32 guard also notes the first
+      // micro-step whose loss was not finite. With a fused update the optimizer's check
+      // pass does this (no one-thread kernel).
+      if (update && fused()) {
+        fused_update(l.data_handle(), weight, first_bad, vars, micro, window);
+        return;
+      }
+      locus::detail::launch_n<device>(
+          1, detail::accumulate_loss_kernel<A>{running_.data_handle(), l.data_handle(), weight, first_bad, vars, micro});
+    } catch (const out_of_memory&) {
+      // The weights are untouched (only optimizer steps write them); drop the partial
+      // gradients so the next step starts clean.
+      model_->parameters().zero_grad();
+      micro_ = 0;
+      throw;
+    }
+    if (update) optimizer_step(micro);
+  }
+
+  /// The fused optimizer step and zero_grad; `loss` (nullptr: none) is added to the
+  /// running loss in the check pass.
+  void fused_update(const A* loss, A weight, std::int64_t* first_bad, const detail::step_vars* vars, std::int64_t micro,
+                    std::int64_t window) {
+    optim::detail::fused_args<A> a;
+    a.st = guard_state();
+    if constexpr (has_scaler) {
+      a.st = scaler_->state();
+      a.scaler = true;
+      const auto& so = scaler_->options();
+      a.growth = so.growth_factor;
+      a.backoff = so.backoff_factor;
+      a.interval = static_cast<float>(so.growth_interval);
+    } else {
+      auto& store = model_->parameters();
+      a.offsets = store.offsets_data();
+      a.param_bad = guard_flags_.data_handle();
+      a.count = static_cast<int>(store.count());
+      a.window_out = diag_.data_handle() + 1;
+    }
+    if (loss) {
+      a.running = running_.data_handle();
+      a.loss = loss;
+      a.weight = weight;
+      a.first_nonfinite = first_bad;
+    }
+    a.vars = vars;
+    a.micro_step = micro;
+    a.window_first = window;
+    if constexpr (fusable()) opt_->fused_step(a);
+    model_->parameters().zero_grad();
+  }
+
+  /// The host side of a micro-batch of `rows` samples: counters (graph replays run
+  /// only this).
+  void advance(index_t rows, bool update) {
+    running_samples_ += rows;
+    if (micro_ == 0) window_first_ = micro_step_;
+    ++micro_step_;
+    if (update) {
+      micro_ = 0;
+      ++optimizer_steps_;
+    } else {
+      ++micro_;
+    }
+  }
+
+  /// The unfused optimizer step (an optimizer without fused_step, or no check at all).
+  void optimizer_step(std::int64_t micro) {
     auto& store = model_->parameters();
-    if (o_.schedule) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
     if constexpr (has_scaler) {
       scaler_->unscale(store);
       opt_->step(scaler_->state());
@@ -484,14 +663,13 @@ class trainer {
                                                                      static_cast<int>(store.count()), false},
           store.size());
       locus::detail::launch_n<device>(
-          1, locus::detail::guard_end_kernel{guard_state(), micro_step_ - 1, diag_.data_handle() + 1, window_first_});
+          1, locus::detail::guard_end_kernel{guard_state(), micro, diag_.data_handle() + 1,
+                                             micro_ == 0 ? micro_step_ : window_first_});
       opt_->step(guard_state());
     } else {
       opt_->step(nullptr);
     }
     store.zero_grad();
-    micro_ = 0;
-    ++optimizer_steps_;
   }
 
   /// Throws what the device recorded: a bad label, a non-finite gradient.
@@ -537,6 +715,150 @@ class trainer {
                              step, first);
     }
   }
+
+#if LOCUS_HAS_CUDA
+  using target_tensor = tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device,
+                               loss_state::target_view::rank>;
+
+  /// Graph mode's state: the stream, the graph-private pool, one graph per branch of the
+  /// accumulation cycle (0: a micro-batch without an update, 1: with it), the static
+  /// batch buffers and the device-resident step values.
+  struct graph_state {
+    locus::stream owned;  // non-blocking, listed (host reads wait for it)
+    cudaStream_t stream = owned.native_handle(), caller = nullptr;
+    cudaEvent_t ready = nullptr, done = nullptr;
+    std::shared_ptr<locus::detail::graph_pool> pool;
+    cudaGraph_t graph[2] = {nullptr, nullptr};
+    cudaGraphExec_t exec[2] = {nullptr, nullptr};
+    bool warmed[2] = {false, false};
+    tensor<C, device, 2> x;
+    target_tensor y;
+    tensor<std::int64_t, device, 1> vars;
+
+    graph_state() {
+      LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+      LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      pool = locus::detail::make_graph_pool();
+      locus::stream_guard on(owned);
+      vars = zeros<std::int64_t, device>(extents<1>{static_cast<index_t>(sizeof(detail::step_vars) / 8)});
+    }
+    graph_state(const graph_state&) = delete;
+    graph_state& operator=(const graph_state&) = delete;
+    ~graph_state() {
+      (void)cudaStreamSynchronize(stream);
+      drop();
+      {
+        locus::stream_guard on(owned);  // the buffers go back to this stream's cache
+        x = tensor<C, device, 2>();
+        y = target_tensor();
+        vars = tensor<std::int64_t, device, 1>();
+      }
+      (void)cudaEventDestroy(ready);
+      (void)cudaEventDestroy(done);
+    }
+    detail::step_vars* vars_ptr() noexcept { return reinterpret_cast<detail::step_vars*>(vars.data_handle()); }
+    /// Forgets the graphs (their buffers may be reallocated next); the next step of each
+    /// branch warms up again.
+    void drop() noexcept {
+      for (int b = 0; b < 2; ++b) {
+        if (exec[b]) (void)cudaGraphExecDestroy(exec[b]);
+        if (graph[b]) (void)cudaGraphDestroy(graph[b]);
+        exec[b] = nullptr;
+        graph[b] = nullptr;
+        warmed[b] = false;
+      }
+    }
+    /// The graph stream waits for the caller's work and becomes current.
+    void begin(std::optional<locus::stream_guard>& on) {
+      caller = locus::detail::current_stream();
+      LOCUS_CUDA_CHECK(cudaEventRecord(ready, caller));
+      LOCUS_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
+      on.emplace(owned);
+    }
+    /// The caller's stream waits for the step (report(), the loader's reuse of the batch).
+    void end(std::optional<locus::stream_guard>& on) {
+      on.reset();
+      LOCUS_CUDA_CHECK(cudaEventRecord(done, stream));
+      LOCUS_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
+    }
+    /// Captures f() as branch b's graph and instantiates it. Thread-local mode: this
+    /// thread may not call what breaks a capture (the runtime reports it, and it becomes
+    /// a cuda_error); other threads (the loader's) are not restricted.
+    template <class F>
+    void capture(int b, F&& f) {
+      locus::detail::graph_pool_scope scope(*pool);
+      LOCUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        f();
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        (void)cudaStreamEndCapture(stream, &broken);
+        if (broken) (void)cudaGraphDestroy(broken);
+        (void)cudaGetLastError();
+        throw;
+      }
+      LOCUS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph[b]));
+      LOCUS_CUDA_CHECK(cudaGraphInstantiate(&exec[b], graph[b], 0));
+    }
+  };
+
+  /// One step in graph mode (see the header comment).
+  template <class X, class Y>
+  void graph_step(const X& x, const Y& y) {
+    if (!graph_) graph_ = std::make_unique<graph_state>();
+    graph_state& g = *graph_;
+    std::optional<locus::stream_guard> on;
+    g.begin(on);
+    try {
+      auto xv = input(x);  // a cast to the compute dtype runs on the graph stream
+      auto yv = target(y);
+      if (!xv.is_contiguous() || !yv.is_contiguous())
+        throw shape_error("locus: the trainer's graph mode needs contiguous batches (it copies them into its "
+                          "static input buffers); pass contiguous tensors, or train without cuda_graph");
+      const bool update = micro_ + 1 == o_.accumulate;
+      if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
+      if (g.x.shape() != xv.shape() || g.y.shape() != yv.shape() || g.x.data_handle() == nullptr) {
+        g.drop();  // the graphs point at buffers this shape reallocates
+        g.x = tensor<C, device, 2>(xv.shape());
+        g.y = target_tensor(yv.shape());
+      }
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(g.x.data_handle(), xv.data_handle(), g.x.size_bytes(),
+                                       cudaMemcpyDeviceToDevice, g.stream));
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(g.y.data_handle(), yv.data_handle(), g.y.size_bytes(),
+                                       cudaMemcpyDeviceToDevice, g.stream));
+      const detail::step_vars v{micro_step_, micro_ == 0 ? micro_step_ : window_first_, static_cast<float>(opt_->lr()), 0};
+      locus::detail::launch_n<device>(1, detail::set_vars_kernel{g.vars_ptr(), v});
+      const auto gx = std::as_const(g.x).view();
+      const typename loss_state::target_view gy(std::as_const(g.y).view());
+      const int b = update ? 1 : 0;
+      if (!g.warmed[b]) {
+        locus::detail::graph_pool_scope scope(*g.pool);
+        enqueue_step(gx, gy, update, g.vars_ptr());
+        g.warmed[b] = true;
+      } else {
+        if (!g.exec[b]) g.capture(b, [&] { enqueue_step(gx, gy, update, g.vars_ptr()); });
+        LOCUS_CUDA_CHECK(cudaGraphLaunch(g.exec[b], g.stream));
+      }
+      advance(xv.shape()[0], update);
+    } catch (...) {
+      g.end(on);
+      throw;
+    }
+    g.end(on);
+  }
+
+ public:
+  /// Graph mode: the captured graph of branch b (0: micro-batch, 1: with the update),
+  /// or nullptr before it is captured (bench and tests count its nodes).
+  [[nodiscard]] cudaGraph_t captured_graph(int b) const noexcept {
+    return graph_ && b >= 0 && b < 2 ? graph_->graph[b] : nullptr;
+  }
+  /// Graph mode: the stream the step runs on (nullptr before the first step).
+  [[nodiscard]] cudaStream_t graph_stream() const noexcept { return graph_ ? graph_->stream : nullptr; }
+
+ private:
+  std::unique_ptr<graph_state> graph_;
+#endif
 
   Model* model_;
   Optimizer* opt_;
