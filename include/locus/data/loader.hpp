@@ -30,15 +30,26 @@
 // Prefetch. A background thread prepares up to `prefetch` batches ahead and blocks
 // when that many are waiting, so the loader holds at most `prefetch` batches plus
 // the one handed out (the previous one is freed before the next is taken). For
-// D = cuda it fills a pinned staging batch, then moves it and the batch's device
-// tensors into copy_async on its own side stream, which overlaps kernels on the
-// consumer's stream; until the copy is done the pendings own both sides (nothing can
-// read the batch early or free the staging memory under the copy), and the consumer
-// takes the batch out of them with get(), which waits on the copy's events, so a
-// batch handed out is always complete. Device memory for a batch is allocated on the consumer's current stream
-// (captured by begin()) and the side stream first waits for the work already
-// enqueued there, so a block recycled from an earlier batch is never overwritten
-// while kernels still read it.
+// D = cuda it fills a pinned staging batch and copies it to the batch's device tensors
+// on its own side stream, which overlaps kernels on the consumer's stream. The host
+// never waits for those copies on the consumer's side: when a batch is handed out, the
+// consumer's current stream (of the loader's device, on the thread that advances the
+// iterator) is made to wait on the copy's event (cudaStreamWaitEvent), so every kernel
+// the consumer enqueues after that sees the complete batch, and host reads of it
+// (to<cpu>) wait for it too. The batch's memory is recorded as used on the side stream
+// and on that consumer stream (record_stream), so a freed batch is not reused before
+// either is done with it. The producer thread keeps each pinned staging batch until
+// its copy's event has completed (at most `prefetch` of them), so the host never
+// rewrites or frees staging memory under the copy engine. Device memory for a batch is
+// allocated on the consumer's current stream (captured by begin()) and the side stream
+// first waits for the work already enqueued there, so a block recycled from an earlier
+// batch is never overwritten while kernels still read it.
+//
+// Devices. A loader<cuda> belongs to the device current when it was constructed: its
+// side stream is made there, its batches are allocated there, and its producer thread
+// makes that device current. begin() captures that device's current stream of the
+// calling thread (an explicit handle, cudaStreamLegacy for the default stream: never
+// 0, which another thread would read as its own per-thread default stream).
 //
 // Errors. An exception thrown on the background thread (by the dataset, an
 // allocation, a CUDA call) ends the epoch and is rethrown, as the same object with
@@ -77,7 +88,6 @@
 
 #if LOCUS_HAS_CUDA
 #include "../backend/cuda/runtime.hpp"
-#include "../transfer/async.hpp"
 #include "../transfer/stream.hpp"
 #endif
 
@@ -187,7 +197,11 @@ class loader {
     if (static_cast<index_t>(source.size()) < 0 || static_cast<index_t>(source.features()) < 0)
       throw error("locus: loader dataset reports a negative size or feature count");
 #if LOCUS_HAS_CUDA
-    if constexpr (is_cuda) cuda_.side.emplace();
+    if constexpr (is_cuda) {
+      cuda_.device = locus::detail::current_device();
+      // Host reads need not wait for it: its copies reach the consumer through an event.
+      cuda_.side.emplace(locus::detail::unlisted_stream_key{});
+    }
 #endif
   }
   /// Held by reference: a temporary dataset would dangle.
@@ -230,10 +244,7 @@ class loader {
     stop_ = false;
     active_ = true;
 #if LOCUS_HAS_CUDA
-    if constexpr (is_cuda) {
-      cuda_.consumer = locus::detail::current_stream();
-      cuda_.device = locus::detail::current_device();
-    }
+    if constexpr (is_cuda) cuda_.consumer = locus::detail::current_stream_for(cuda_.device);
 #endif
     worker_ = std::thread([this] { produce(); });
     advance();
@@ -247,10 +258,8 @@ class loader {
     std::optional<batch<D>> b;
     std::exception_ptr error;
 #if LOCUS_HAS_CUDA
-    // The two copies of a cuda batch; each owns its device tensor (the batch's x or
-    // y) and its pinned staging tensor until the copy is done.
-    std::optional<pending<tensor<float, cuda, 2>, tensor<float, pinned, 2>>> x_copy;
-    std::optional<pending<tensor<std::int64_t, cuda, 1>, tensor<std::int64_t, pinned, 1>>> y_copy;
+    // Completes when the side stream's copies into b are done.
+    std::optional<event> copied;
 #endif
   };
 
@@ -276,17 +285,19 @@ class loader {
     }
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) {
-      // The batch handed out is complete: wait for both copies, take the tensors out
-      // of the pendings (which frees the staging). A failed copy (cuda_error) ends the
-      // epoch like any other error.
+      // Work enqueued on the consumer's stream from now on runs after the copies (the
+      // host does not wait), and the batch's blocks are not reused before that stream
+      // is done with them. A failure ends the epoch like any other error.
       try {
-        it.b.emplace(batch<cuda>{std::move(*it.x_copy).get(), std::move(*it.y_copy).get()});
+        const cudaStream_t on = locus::detail::current_stream_for(cuda_.device);
+        LOCUS_CUDA_CHECK(cudaStreamWaitEvent(on, it.copied->native_handle(), 0));
+        locus::detail::record_on_stream(it.b->x, on);
+        locus::detail::record_on_stream(it.b->y, on);
       } catch (...) {
+        it.b.reset();
         stop();
         throw;
       }
-      it.x_copy.reset();
-      it.y_copy.reset();
     }
 #endif
     current_ = std::move(it.b);
@@ -305,7 +316,12 @@ class loader {
     }
     space_cv_.notify_all();
     if (worker_.joinable()) worker_.join();
-    queue_.clear();  // a cuda batch still copying is waited for by its pendings
+#if LOCUS_HAS_CUDA
+    // Batches never handed out may still be being written by the side stream.
+    if constexpr (is_cuda)
+      if (!queue_.empty() && cuda_.side) (void)cudaStreamSynchronize(cuda_.side->native_handle());
+#endif
+    queue_.clear();
     current_.reset();
     active_ = false;
   }
@@ -315,6 +331,7 @@ class loader {
     try {
 #if LOCUS_HAS_CUDA
       std::optional<event> consumer_ready;
+      staging_in_flight staging;  // declared after nothing it must outlive: waits, then frees
       if constexpr (is_cuda) {
         LOCUS_CUDA_CHECK(cudaSetDevice(cuda_.device));
         consumer_ready.emplace();
@@ -336,24 +353,36 @@ class loader {
           it.b.emplace(make_filled<D>(first, count));
         } else {
 #if LOCUS_HAS_CUDA
+          // At most `prefetch` staging batches under the copy engine, this one included.
+          staging.retire(static_cast<std::size_t>(options_.prefetch) - 1);
           auto staged = make_filled<pinned>(first, count);
           const index_t f = static_cast<index_t>(source_->features());
           batch<cuda> b;
           {
             // Allocate on the consumer's stream, and let the side stream wait for
             // what is already enqueued there (a recycled block may still be read).
-            locus::detail::raw_stream_guard on_consumer(cuda_.consumer);
+            locus::detail::raw_stream_guard on_consumer(cuda_.consumer, cuda_.device);
             b.x = tensor<float, cuda, 2>(extents<2>{count, f});
             b.y = tensor<std::int64_t, cuda, 1>(extents<1>{count});
             consumer_ready->record();
           }
+          const cudaStream_t side = cuda_.side->native_handle();
           cuda_.side->wait(*consumer_ready);
-          stream_guard on_side(*cuda_.side);
-          // Each pending takes over both sides of its copy. Should the second
-          // copy_async throw, it moved nothing, and the item's first pending waits for
-          // its copy before freeing what it owns.
-          it.x_copy.emplace(copy_async(std::move(staged.x), std::move(b.x)));
-          it.y_copy.emplace(copy_async(std::move(staged.y), std::move(b.y)));
+          event copied;
+          // From here on the staging must outlive the copies: it goes into `staging`
+          // before anything else can throw (its destructor waits for the side stream).
+          staging.keep(std::move(staged), side);
+          const auto& held = staging.newest();
+          LOCUS_CUDA_CHECK(cudaMemcpyAsync(b.x.data_handle(), held.x.data_handle(), held.x.size_bytes(),
+                                           cudaMemcpyHostToDevice, side));
+          LOCUS_CUDA_CHECK(cudaMemcpyAsync(b.y.data_handle(), held.y.data_handle(), held.y.size_bytes(),
+                                           cudaMemcpyHostToDevice, side));
+          staging.record_newest();
+          copied.record(*cuda_.side);
+          locus::detail::record_on_stream(b.x, side);  // freed unconsumed: not reused under the copy
+          locus::detail::record_on_stream(b.y, side);
+          it.b.emplace(std::move(b));
+          it.copied.emplace(std::move(copied));
 #endif
         }
         {
@@ -373,6 +402,42 @@ class loader {
       ready_cv_.notify_one();
     }
   }
+
+#if LOCUS_HAS_CUDA
+  /// The producer's pinned staging batches whose copies may still be running, oldest
+  /// first, each with the event that completes after its copies. Frees a batch only
+  /// once its event has completed; the destructor waits for all of them.
+  class staging_in_flight {
+   public:
+    staging_in_flight() = default;
+    staging_in_flight(const staging_in_flight&) = delete;
+    staging_in_flight& operator=(const staging_in_flight&) = delete;
+    ~staging_in_flight() {
+      if (side_) (void)cudaStreamSynchronize(side_);  // every copy that reads them
+    }
+    /// Frees completed batches, then waits for the oldest until at most `keep` remain.
+    void retire(std::size_t keep) {
+      while (!held_.empty() && (held_.size() > keep || held_.front().done.query())) {
+        held_.front().done.synchronize();
+        held_.pop_front();
+      }
+    }
+    void keep(batch<pinned> b, cudaStream_t side) {
+      side_ = side;
+      held_.push_back({std::move(b), event()});
+    }
+    [[nodiscard]] const batch<pinned>& newest() const { return held_.back().b; }
+    void record_newest() { held_.back().done.record_on(side_); }
+
+   private:
+    struct entry {
+      batch<pinned> b;
+      event done;  // not recorded yet: query() and synchronize() return at once
+    };
+    std::deque<entry> held_;
+    cudaStream_t side_ = nullptr;
+  };
+#endif
 
   /// Positions [first, first + count) of this epoch's order, gathered on host
   /// device H (cpu or pinned).
@@ -407,7 +472,7 @@ class loader {
 #if LOCUS_HAS_CUDA
   struct cuda_parts {
     std::optional<stream> side;
-    cudaStream_t consumer = nullptr;
+    cudaStream_t consumer = locus::detail::default_stream();  // explicit, never 0 (item 4)
     int device = 0;
   };
   struct no_cuda_parts {};

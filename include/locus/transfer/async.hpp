@@ -29,10 +29,12 @@
 //     copy engine reads it, so a pinned lvalue tensor or pinned view is a compile
 //     error; move it in (std::move(h)) and take it back after the copy with
 //     std::move(p).get_with_source(), which returns {value, source}.
-//   - a cuda source may be an lvalue or a view: it is stream-ordered. Frees of cuda
-//     memory and later kernels or copies on the same stream run after the copy. Using
-//     it from another stream before the copy is done (or freeing it on another stream)
-//     is not ordered by this API: that is the allocator side of the GPU issue (13).
+//   - a cuda source may be an lvalue or a view: it is stream-ordered. Later kernels or
+//     copies on the same stream run after the copy, and both cuda sides are recorded
+//     as used on the copy's stream (record_stream, transfer/stream.hpp): a source
+//     allocated under another stream and freed there is not reused until the copy is
+//     done. Writing the source from another stream before the copy is done is not
+//     ordered by this API (order the streams with an event).
 //     A cuda rvalue tensor is owned like a pinned one (get_with_source gives it back).
 //   The pending holds its source until the value leaves (std::move(p).get() or
 //   get_with_source()) or the pending is destroyed. A pending destroyed (or assigned
@@ -249,6 +251,12 @@ void enqueue_and_record(const tensor_view<T, DD, R>& dst, const tensor_view<cons
                                      memcpy_kind<SD, DD>(), s));
   }
   try {
+    // The cuda sides may belong to blocks of another stream: not reusable before this
+    // copy is done (pinned sides are owned by the pending, which waits for it).
+    if constexpr (!SD::host_accessible)
+      if (bytes != 0) record_block_use(src.data_handle(), s);
+    if constexpr (!DD::host_accessible)
+      if (bytes != 0) record_block_use(dst.data_handle(), s);
     done.record_on(s);
   } catch (...) {
     (void)cudaStreamSynchronize(s);

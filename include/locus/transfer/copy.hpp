@@ -90,8 +90,15 @@ constexpr cudaMemcpyKind memcpy_kind() {
 }
 #endif
 
-/// Contiguous byte copy between devices. Blocking whenever host memory is involved;
-/// device-to-device copies are ordered on the current stream.
+/// Contiguous byte copy between devices. Device-to-device copies are ordered on the
+/// current stream (the host does not wait). A copy with host memory on one side is
+/// blocking, and it waits for the right work: it runs on the current stream of the
+/// device that owns the cuda side, after everything already enqueued on every locus
+/// stream of that device and on the legacy stream (backend/cuda/runtime.hpp says why),
+/// so data written under another stream_guard, from any thread, is never read stale,
+/// and memory a kernel on another locus stream still reads is never overwritten from
+/// the host. Every host read of cuda memory in locus (to<cpu>, copy() to a host
+/// tensor, the trainer's, scaler's and optimizer's reads) goes through here.
 template <class SD, class DD>
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
@@ -99,10 +106,13 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
     std::memcpy(dst, src, bytes);
   } else {
 #if LOCUS_HAS_CUDA
-    const cudaStream_t s = current_stream();
-    LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind<SD, DD>(), s));
-    if constexpr (SD::host_accessible || DD::host_accessible)
-      LOCUS_CUDA_CHECK(cudaStreamSynchronize(s));
+    if constexpr (SD::host_accessible || DD::host_accessible) {
+      const host_transfer_scope scope(SD::host_accessible ? static_cast<const void*>(dst) : src);
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind<SD, DD>(), scope.stream()));
+      LOCUS_CUDA_CHECK(cudaStreamSynchronize(scope.stream()));
+    } else {
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind<SD, DD>(), current_stream()));
+    }
 #endif
   }
 }
