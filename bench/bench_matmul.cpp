@@ -6,6 +6,15 @@
 //   * locus::detail::gemm_fallback: the blocked GEMM builds without BLAS use.
 // Throughput is FLOP/s = 2 n^3 per iteration (counter "FLOP/s"). Each variant's result is
 // checked once against the first one's before it is timed.
+//
+// The floor of an MLP training step (bench/run's "floor" rows, issue 19):
+//   * BM_mlp_step_gemms/B/M: only the GEMMs of one training step of model M (0:
+//     784-256-128-10, the bench model; 1: 784-512-256-10, the main job's) at batch B,
+//     through cblas_sgemm with the step's exact shapes and transposes: every layer's
+//     forward Y = X W^T, every dW = dY^T X, and dX = dY W for every layer but the first;
+//   * BM_stream_triad: a[i] = b[i] + s * c[i] over three 64 MiB f32 arrays (outside any
+//     cache), OpenMP, counter "bytes/s" = 12 bytes per element: the memory bandwidth
+//     the optimizer's 28 bytes a parameter a step are priced at.
 #include <benchmark/benchmark.h>
 
 #include <locus/locus.hpp>
@@ -14,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -139,8 +149,83 @@ void BM_gemm_fallback(benchmark::State& state) {
   set_flops(state, n);
 }
 
+/// Layer widths of the two MLPs bench_train and the main job train.
+std::vector<index_t> mlp_widths(std::int64_t model) {
+  return model == 0 ? std::vector<index_t>{784, 256, 128, 10} : std::vector<index_t>{784, 512, 256, 10};
+}
+
+void BM_mlp_step_gemms(benchmark::State& state) {
+#if LOCUS_HAS_BLAS
+  const index_t batch = state.range(0);
+  const auto w = mlp_widths(state.range(1));
+  const std::size_t layers = w.size() - 1;
+  // Activations (and their gradients) per layer boundary, weights and dW per layer.
+  std::vector<locus::tensor<float, locus::cpu, 2>> act, grad, weight, dweight;
+  for (std::size_t l = 0; l <= layers; ++l) {
+    act.push_back(locus::randn<float, locus::cpu>({batch, w[l]}, 100 + l));
+    grad.push_back(locus::randn<float, locus::cpu>({batch, w[l]}, 200 + l));
+  }
+  double flop = 0;
+  for (std::size_t l = 0; l < layers; ++l) {
+    weight.push_back(locus::randn<float, locus::cpu>({w[l + 1], w[l]}, 300 + l));
+    dweight.push_back(locus::empty<float, locus::cpu>({w[l + 1], w[l]}));
+    flop += 2.0 * 2.0 * static_cast<double>(batch) * w[l] * w[l + 1];  // forward + dW
+    if (l > 0) flop += 2.0 * static_cast<double>(batch) * w[l] * w[l + 1];  // dX
+  }
+  const int b = static_cast<int>(batch);
+  for (auto _ : state) {
+    for (std::size_t l = 0; l < layers; ++l) {  // forward: act[l+1] = act[l] W^T
+      const int in = static_cast<int>(w[l]), out = static_cast<int>(w[l + 1]);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, out, in, 1.0f, act[l].data(), in, weight[l].data(),
+                  in, 0.0f, act[l + 1].data(), out);
+    }
+    for (std::size_t l = layers; l-- > 0;) {  // backward
+      const int in = static_cast<int>(w[l]), out = static_cast<int>(w[l + 1]);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, b, 1.0f, grad[l + 1].data(), out,
+                  act[l].data(), in, 0.0f, dweight[l].data(), in);
+      if (l > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, in, out, 1.0f, grad[l + 1].data(), out,
+                    weight[l].data(), in, 0.0f, grad[l].data(), in);
+    }
+    benchmark::ClobberMemory();
+  }
+  std::int64_t params = 0;
+  for (std::size_t l = 0; l < layers; ++l) params += w[l] * w[l + 1] + w[l + 1];
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flop, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::OneK::kIs1000);
+  state.counters["params"] = static_cast<double>(params);
+  state.counters["batch"] = static_cast<double>(batch);
+#else
+  state.SkipWithError("locus built without BLAS (LOCUS_HAS_BLAS=0): no GEMM floor to measure");
+#endif
+}
+
+void BM_stream_triad(benchmark::State& state) {
+  const index_t n = index_t{1} << 24;  // 64 MiB per array
+  static auto a = locus::zeros<float, locus::cpu>({n});
+  static auto b = locus::ones<float, locus::cpu>({n});
+  static auto c = locus::full<float, locus::cpu>({n}, 2.0f);
+  float* pa = a.data();
+  const float* pb = b.data();
+  const float* pc = c.data();
+  for (auto _ : state) {
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < n; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+    benchmark::ClobberMemory();
+  }
+  if (pa[n - 1] != 2.0f) state.SkipWithError("triad computed a wrong value");
+  state.counters["bytes/s"] = benchmark::Counter(12.0 * static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::OneK::kIs1024);
+}
+
 }  // namespace
 
+BENCHMARK(BM_mlp_step_gemms)
+    ->ArgsProduct({{32, 128, 512}, {0, 1}})
+    ->ArgNames({"batch", "model"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_locus_matmul_into)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cblas_sgemm)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_locus_matmul)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -2,12 +2,12 @@
 // as bench/pytorch/mlp_train.py does in PyTorch (bench/run runs both and quotes the
 // ratio): Fashion-MNIST's 60,000 training images as floats in [0, 1], preloaded into one
 // tensor on the device; each epoch a shuffled order, batches gathered from the
-// preloaded tensor; 784-256-128-10 with ReLU, cross-entropy, AdamW(lr 1e-3, weight
-// decay 0.01); a 20-step warm-up that is not timed and is undone before timing. Prints
+// preloaded tensor; 784-256-128-10 with ReLU (--hidden A,B: 784-A-B-10, e.g. 512,256 for
+// the main job's model), cross-entropy, AdamW(lr 1e-3, weight decay 0.01); a 20-step warm-up that is not timed and is undone before timing. Prints
 // one JSON line.
 //
 //   bench_train [--epochs N] [--batch-size N] [--threads N] [--device cpu|cuda]
-//               [--precision fp32|bf16|fp16] [--data DIR]
+//               [--precision fp32|bf16|fp16] [--data DIR] [--hidden A,B]
 #include <locus/data/loader.hpp>
 #include <locus/train.hpp>
 
@@ -33,6 +33,7 @@ struct args {
   std::string device = "cpu";
   std::string precision = "fp32";
   std::string data = "/usr/share/datasets/fashion-mnist";
+  locus::index_t hidden[2] = {256, 128};
 };
 
 /// dst[b, :] = src[order[first + b], :]
@@ -57,8 +58,9 @@ int run(const args& a) {
   const auto x_all = locus::to<D>(xh.reshape({n, features}));
   const auto y_all = locus::to<D>(set.labels());
 
-  nn::sequential model(nn::linear<D, P>(features, 256), nn::relu<D, P>(), nn::linear<D, P>(256, 128),
-                       nn::relu<D, P>(), nn::linear<D, P>(128, 10));
+  const locus::index_t h0 = a.hidden[0], h1 = a.hidden[1];
+  nn::sequential model(nn::linear<D, P>(features, h0), nn::relu<D, P>(), nn::linear<D, P>(h0, h1), nn::relu<D, P>(),
+                       nn::linear<D, P>(h1, 10));
   model.reset_parameters(0);
   locus::optim::adamw<D> opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.01});
 
@@ -99,9 +101,11 @@ int run(const args& a) {
     const double sps = static_cast<double>(batches * a.batch * a.epochs) / dt;
     std::printf(
         "{\"name\": \"mlp_train\", \"impl\": \"locus\", \"device\": \"%s\", \"amp\": \"%s\", \"batch_size\": %lld, "
-        "\"threads\": %d, \"epochs\": %d, \"samples_per_s\": %.1f, \"seconds\": %.4f, \"final_loss\": %.6f}\n",
+        "\"hidden\": \"%lld,%lld\", \"threads\": %d, \"epochs\": %d, \"samples_per_s\": %.1f, \"seconds\": %.4f, "
+        "\"final_loss\": %.6f}\n",
         std::string(D::name).c_str(), a.precision == "fp32" ? "none" : a.precision.c_str(),
-        static_cast<long long>(a.batch), a.threads, a.epochs, sps, dt, loss);
+        static_cast<long long>(a.batch), static_cast<long long>(h0), static_cast<long long>(h1), a.threads, a.epochs,
+        sps, dt, loss);
   };
   if constexpr (locus::amp::needs_loss_scaling<P>) {
     locus::amp::grad_scaler<D> scaler;
@@ -135,7 +139,16 @@ int main(int argc, char** argv) {
     else if (k == "--device") a.device = v;
     else if (k == "--precision") a.precision = v;
     else if (k == "--data") a.data = v;
-    else {
+    else if (k == "--hidden") {
+      long long x = 0, y = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%lld,%lld%c", &x, &y, &tail) != 2 || x < 1 || y < 1) {
+        std::fprintf(stderr, "bench_train: --hidden takes two positive widths, e.g. 512,256\n");
+        return 2;
+      }
+      a.hidden[0] = x;
+      a.hidden[1] = y;
+    } else {
       std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str());
       return 2;
     }

@@ -112,16 +112,35 @@ def fmt_ms(s):
     return f"{ms:.3g} ms" if ms < 1000 else f"{ms:,.0f} ms"
 
 
-def cpu_rows(d, rounds, torch_ver):
+def load_counter(path, name, counter):
+    """A user counter of one Google Benchmark run (first repetition), or None."""
+    try:
+        with open(path) as fh:
+            for b in json.load(fh).get("benchmarks", []):
+                n = b.get("run_name", b.get("name", ""))
+                if n.endswith("/real_time"):
+                    n = n[:-len("/real_time")]
+                if n == name and counter in b:
+                    return b[counter]
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cpu_rows(d, rounds, torch_ver, batch_sizes=(128,)):
     def failed(name):
         notes = [f"round {r}: {read_text(os.path.join(d, f'r{r}.{name}.failed'))}"
                  for r in rounds if os.path.exists(os.path.join(d, f"r{r}.{name}.failed"))]
         return "; ".join(notes)
 
     pt_skip = read_text(os.path.join(d, "pytorch.skip"))
-    gb = {k: {r: load_gb(os.path.join(d, f"r{r}.{k}.json")) for r in rounds} for k in ("kernels", "matmul")}
+    gb = {k: {r: load_gb(os.path.join(d, f"r{r}.{k}.json")) for r in rounds}
+          for k in ("kernels", "matmul", "gemm_libs")}
     jl = {k: {r: load_jsonl(os.path.join(d, f"r{r}.{k}.jsonl")) for r in rounds}
-          for k in ("elementwise", "reduce", "matmul_pt", "train_pt", "train_locus")}
+          for k in ("elementwise", "reduce", "matmul_pt")}
+    for k in ("train_pt", "train_locus"):  # one file per batch size and model a round
+        jl[k] = {r: [x for f in sorted(glob.glob(os.path.join(d, f"r{r}.{k}_*.jsonl"))) for x in load_jsonl(f)]
+                 for r in rounds}
 
     def gb_side(kind, name, label):
         s = Side(label)
@@ -159,10 +178,11 @@ def cpu_rows(d, rounds, torch_ver):
                 best = s
         return best
 
-    def train_side(kind, label, why_missing):
+    def train_side(kind, label, why_missing, batch, hidden):
         s = Side(label)
         for r in rounds:
-            recs = [x for x in jl[kind][r] if "samples_per_s" in x]
+            recs = [x for x in jl[kind][r] if "samples_per_s" in x and x.get("batch_size") == batch
+                    and x.get("hidden", "256,128") == hidden]
             if recs:
                 s.add(r, [1.0 / recs[-1]["samples_per_s"]])
                 s.extra.setdefault("final_loss", []).append(recs[-1].get("final_loss"))
@@ -199,23 +219,65 @@ def cpu_rows(d, rounds, torch_ver):
                      gb_side("matmul", f"BM_cblas_sgemm/{n}", "cblas_sgemm"), f_mm, 0.95))
         rows.append((f"f32 GEMM {n}³", "locus / PyTorch", loc,
                      pt_side("matmul_pt", {"n": n, "dtype": "float32"}, tv), f_mm, None))
-    # Training
+    # Training, and the floor of its step: the step's GEMMs alone (same BLAS, same
+    # shapes) plus AdamW's 28 bytes a parameter at the triad's bandwidth, per round.
     skip = read_text(os.path.join(d, "train_locus.skip"))
     f_tr = lambda s: f"{1.0 / s:,.0f} samples/s"  # noqa: E731
-    rows.append(("MLP training epoch, Fashion-MNIST, batch 128, AdamW", "locus / PyTorch",
-                 train_side("train_locus", "locus `bench_train`", skip),
-                 train_side("train_pt", tv, pt_skip), f_tr, 1.5))
+    bw = {}
+    for r in rounds:
+        e = gb["matmul"][r].get("BM_stream_triad")
+        if e and e["t"]:
+            bw[r] = 12.0 * (1 << 24) / median(e["t"])  # bytes/s
+    for b in batch_sizes:
+        for model, hidden in ((0, "256,128"), (1, "512,256")):
+            name = f"784-{hidden.replace(',', '-')}-10"
+            loc = train_side("train_locus", "locus `bench_train`", skip, b, hidden)
+            pt = train_side("train_pt", tv, pt_skip, b, hidden)
+            rows.append((f"MLP training epoch {name}, batch {b}, AdamW", "locus / PyTorch", loc, pt, f_tr,
+                         1.2 if b >= 512 else 1.5))
+            floor = Side("floor")
+            params = None
+            for r in rounds:
+                e = gb["matmul"][r].get(f"BM_mlp_step_gemms/batch:{b}/model:{model}")
+                if not e or not e["t"] or r not in bw:
+                    continue
+                if params is None:
+                    params = (load_counter(os.path.join(d, f"r{r}.matmul.json"),
+                                           f"BM_mlp_step_gemms/batch:{b}/model:{model}", "params"))
+                if not params:
+                    continue
+                opt_s = 28.0 * params / bw[r]
+                floor.add(r, [(t + opt_s) / b for t in e["t"]])  # seconds per sample
+                floor.extra.setdefault("gemm_s", []).extend(e["t"])
+                floor.extra.setdefault("opt_s", []).append(opt_s)
+            if not floor.samples:
+                floor.why = failed("matmul") or "BM_mlp_step_gemms / BM_stream_triad not measured"
+            floor.label = "floor (GEMMs + AdamW bytes)"
+            if floor.samples:
+                g, o = median(floor.extra["gemm_s"]), median(floor.extra["opt_s"])
+                floor.label += f" {g * 1e3:.3g} + {o * 1e3:.2g} ms a step"
+            pt_frac = ""
+            if pt.samples and floor.samples:
+                pt_frac = f" (PyTorch: {pt.cost / floor.cost:.2f}× the floor)"
+            rows.append((f"MLP step floor {name}, batch {b}", "floor / locus (1 = at the floor)" + pt_frac,
+                         loc, floor, f_tr, round(1 / 1.3, 2)))
+            # The same step GEMMs through other libraries (a ratio above 1: faster than OpenBLAS).
+            ob = gb_side("gemm_libs", f"BM_openblas/batch:{b}/model:{model}", "OpenBLAS")
+            for lib_name, bm in (("BLIS", "BM_blis"), ("oneDNN", "BM_onednn")):
+                other = gb_side("gemm_libs", f"{bm}/batch:{b}/model:{model}", lib_name)
+                rows.append((f"step GEMMs {name}, batch {b}", f"OpenBLAS / {lib_name} (above 1: {lib_name} slower)",
+                             ob, other, fmt_ms, None))
     return rows, err_txt
 
 
 def ratio(loc, peer):
-    rs = [peer.round[r] / loc.round[r] for r in loc.round if r in peer.round and loc.round[r] > 0]
-    return median(rs), len(rs)
+    rs = [peer.round[r] / loc.round[r] for r in sorted(loc.round) if r in peer.round and loc.round[r] > 0]
+    return median(rs), rs
 
 
 def cpu_table(rows, err_txt):
-    lines = ["| work | comparison | locus | peer | ratio | target | met? |",
-             "|---|---|---:|---:|---:|---|---|"]
+    lines = ["| work | comparison | locus | peer | ratio (median) | each round (min–max) | target | met? |",
+             "|---|---|---:|---:|---:|---|---|---|"]
     missed, notrun = [], []
     for work, comp, loc, peer, fmt, target in rows:
         def cell(s):
@@ -225,7 +287,8 @@ def cpu_table(rows, err_txt):
             if "final_loss" in s.extra and s.extra["final_loss"] and s.extra["final_loss"][-1] is not None:
                 txt += f", final loss {median([x for x in s.extra['final_loss'] if x is not None]):.3f}"
             return txt + err_txt(s)
-        rt, nr = ratio(loc, peer)
+        rt, rs = ratio(loc, peer)
+        rounds_txt = (", ".join(f"{x:.2f}" for x in rs) + f" ({min(rs):.2f}–{max(rs):.2f})") if rs else "—"
         tgt = f"≥ {target}" if target else "— (measured)"
         if rt is None:
             r_txt, met = "—", ("not run" if target else "—")
@@ -243,7 +306,7 @@ def cpu_table(rows, err_txt):
         peer_cell = cell(peer)
         if peer.samples:
             peer_cell = f"{peer.label}: {peer_cell}"
-        lines.append(f"| {work} | {comp} | {cell(loc)} | {peer_cell} | {r_txt} | {tgt} | {met} |")
+        lines.append(f"| {work} | {comp} | {cell(loc)} | {peer_cell} | {r_txt} | {rounds_txt} | {tgt} | {met} |")
     tail = []
     if missed:
         tail.append("**Targets missed in this run:** " + "; ".join(missed) + ".")
@@ -273,10 +336,18 @@ def git(*args):
         return ""
 
 
+def _above(x, limit):
+    try:
+        return float(x) > float(limit)
+    except ValueError:
+        return False
+
+
 def cpu_main(a):
     rounds = list(range(1, a.rounds + 1))
     torch_ver = read_text(os.path.join(a.dir, "torch_version"))
-    rows, err_txt = cpu_rows(a.dir, rounds, torch_ver)
+    batch_sizes = [int(x) for x in a.batch_sizes.split(",") if x.strip()]
+    rows, err_txt = cpu_rows(a.dir, rounds, torch_ver, batch_sizes)
     table, verdict = cpu_table(rows, err_txt)
     load_end = " ".join(read_text("/proc/loadavg").split()[:3]) or "?"
     blas = ""
@@ -296,8 +367,13 @@ def cpu_main(a):
         "",
         f"- Machine: {cpu_model()}, {os.cpu_count()} CPUs; load average at the start {a.load_start}, "
         f"at the end {load_end}",
-        f"- Threads: {a.threads} on both sides (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for locus, "
-        f"torch.set_num_threads for PyTorch); locus host GEMM: {blas or '?'}",
+        f"- Threads: {a.threads} on both sides (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS "
+        f"for both, torch.set_num_threads for PyTorch), OMP_WAIT_POLICY={a.wait_policy} for both; locus host "
+        f"GEMM: {blas or '?'}",
+        f"- Other processes used {a.foreign_load} cores on average during the rounds (limit "
+        f"{a.max_foreign_load}; above it the table is not recorded without --force-write)"
+        + (" — **above the limit: these figures were taken on a busy machine**"
+           if _above(a.foreign_load, a.max_foreign_load) else ""),
         f"- PyTorch: {torch_ver or 'not available'} (run on the CPU; virtual environment {a.venv})",
         f"- Commit {commit}{dirty}; command: `{a.command.strip()}`, which ran {a.rounds} rounds of "
         f"{a.reps} repetitions of at least {a.min_time} s, locus and its peer back to back "
@@ -306,7 +382,10 @@ def cpu_main(a):
     head += [f"  - `{c}`" for c in commands]
     head += [
         "- Ratio: median over the rounds of peer time / locus time within the round (above 1: "
-        "locus is faster); figures: medians of all repetitions. PyTorch's figure is its faster "
+        "locus is faster), every round's ratio and their spread beside it; figures: medians of all "
+        "repetitions. Floor rows: the step's GEMMs alone (`BM_mlp_step_gemms`, same BLAS and shapes) "
+        "plus AdamW's 28 bytes a parameter at the triad's bandwidth (`BM_stream_triad`), per round; "
+        "the ratio is floor / locus step time (target: within 1.3× of the floor). PyTorch's figure is its faster "
         "variant (named in brackets: `out` = `addcmul(out=)` + `relu_`, `eager` = `relu(a*x+b)`, "
         "`mm_out` = `mm(out=)`, `matmul` = `a @ b`).",
         "- This machine may be shared: absolute times drift; ratios measured in one run are what count.",
@@ -412,6 +491,10 @@ def main():
     p.add_argument("--command", default="bench/run")
     p.add_argument("--venv", default="?")
     p.add_argument("--load-start", default="?")
+    p.add_argument("--batch-sizes", default="128")
+    p.add_argument("--wait-policy", default="?")
+    p.add_argument("--foreign-load", default="?")
+    p.add_argument("--max-foreign-load", default="?")
     a = p.parse_args()
     (cpu_main if a.mode == "cpu" else gpu_main)(a)
 

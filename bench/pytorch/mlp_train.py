@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench_train: an MLP trained on Fashion-MNIST, timed per epoch.
 
-Model Linear(784,256) ReLU Linear(256,128) ReLU Linear(128,10), PyTorch's default init
+Model Linear(784,256) ReLU Linear(256,128) ReLU Linear(128,10) (--hidden A,B: 784-A-B-10), PyTorch's default init
 after torch.manual_seed(--seed); loss CrossEntropyLoss (mean); optimizer
 torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01). The 60,000
 training images (IDX files, plain or .gz) are read once, scaled to [0, 1] float32 and
@@ -60,6 +60,8 @@ def main():
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--hidden", default="256,128",
+                   help="the two hidden widths, e.g. 512,256 for the main job's model")
     p.add_argument("--data-dir", default=os.environ.get("LOCUS_FASHION_MNIST_DIR",
                                                         "/usr/share/datasets/fashion-mnist"))
     args = p.parse_args()
@@ -74,9 +76,14 @@ def main():
     bs = args.batch_size
     steps = n // bs  # drop_last
 
+    try:
+        h0, h1 = (int(v) for v in args.hidden.split(","))
+        assert h0 > 0 and h1 > 0
+    except (ValueError, AssertionError):
+        sys.exit("mlp_train.py: --hidden takes two positive widths, e.g. 512,256")
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                          nn.Linear(128, 10)).to(dev)
+    model = nn.Sequential(nn.Linear(784, h0), nn.ReLU(), nn.Linear(h0, h1), nn.ReLU(),
+                          nn.Linear(h1, 10)).to(dev)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.01)
@@ -125,7 +132,7 @@ def main():
     seconds = time.perf_counter() - t0
     samples = steps * bs * args.epochs
     rec = {"name": "mlp_train", **_common.context(torch, dev, args), "amp": args.amp,
-           "batch_size": bs, "epochs": args.epochs, "steps_per_epoch": steps,
+           "batch_size": bs, "hidden": f"{h0},{h1}", "epochs": args.epochs, "steps_per_epoch": steps,
            "samples_per_s": samples / seconds, "seconds": seconds,
            "final_loss": loss_sum.item() / steps}
     _common.emit(rec, f"torch mlp_train {args.amp}/{bs}/{dev.type}",
