@@ -561,3 +561,177 @@ TEST_CASE_TEMPLATE("training: infer equals the training forward and saves nothin
     (void)other;
   }
 }
+
+namespace locus_train_test {
+/// A fresh step_state buffer on D (scale `scale`), as the trainer's guard holds it.
+template <class D>
+locus::tensor<std::int64_t, D, 1> make_guard(float scale) {
+  const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
+  locus::detail::step_state s{};
+  s.scale = scale;
+  auto h = locus::zeros<std::int64_t, locus::cpu>({words});
+  std::memcpy(h.data_handle(), &s, sizeof s);
+  auto t = locus::zeros<std::int64_t, D>({words});
+  locus::copy(h, t);
+  return t;
+}
+template <class D>
+locus::detail::step_state read_guard(const locus::tensor<std::int64_t, D, 1>& t) {
+  const auto h = locus::to<locus::cpu>(t);
+  locus::detail::step_state s;
+  std::memcpy(&s, h.data_handle(), sizeof s);
+  return s;
+}
+template <class Opt>
+std::vector<std::vector<double>> opt_state(Opt& o) {
+  std::vector<std::vector<double>> out;
+  o.for_each_state([&](const char*, auto v) { out.push_back(host_values(std::as_const(v))); });
+  return out;
+}
+}  // namespace locus_train_test
+
+// The trainer's fused optimizer step (check pass, then update with the unscale folded
+// in) against the classic kernels (scaler.unscale, opt.step, scaler.update; or the fp32
+// guard's check_begin / check_grads / guard_end): equal bit for bit over clean steps,
+// an inf, a NaN, and a gradient whose unscaled value overflows; a skipped step changes
+// no weight, no compute copy, no optimizer state and no step count.
+TEST_CASE_TEMPLATE("training: the fused optimizer step equals the classic kernels bit for bit and skips exactly", D,
+                   LOCUS_TEST_DEVICES) {
+  using locus_train_test::host_values;
+  namespace nn = locus::nn;
+  using P = locus::amp::fp16_mixed;
+  const float inf = std::numeric_limits<float>::infinity();
+  // value of every gradient, and one injected element (index 2) per step
+  struct plan {
+    float g;
+    float injected;
+  };
+  const std::vector<plan> steps{{0.5f, 0.5f},      {0.25f, inf},         {0.125f, 0.125f}, {2.0f, std::nanf("")},
+                                {1.0f, 1.0f},      {0.75f, -inf},        {0.5f, 0.5f},     {0.3f, 3.0e38f},
+                                {0.1f, 0.1f}};
+  auto run = [&](auto make_opt, bool with_scaler) {
+    nn::sequential a(nn::linear<D, P>(5, 3), nn::relu<D, P>(), nn::linear<D, P>(3, 2));
+    nn::sequential b(nn::linear<D, P>(5, 3), nn::relu<D, P>(), nn::linear<D, P>(3, 2));
+    a.reset_parameters(7);
+    b.reset_parameters(7);
+    auto& sa = a.parameters();
+    auto& sb = b.parameters();
+    REQUIRE(host_values(std::as_const(sa).master()) == host_values(std::as_const(sb).master()));
+    auto oa = make_opt(sa);
+    auto ob = make_opt(sb);
+    // scale 0.5 after the first backoffs: 3e38 / scale overflows while 3e38 is finite
+    locus::amp::grad_scaler<D> ca({.init_scale = 2.0f, .growth_interval = 2});
+    locus::amp::grad_scaler<D> cb({.init_scale = 2.0f, .growth_interval = 2});
+    auto ga = locus_train_test::make_guard<D>(1.0f);
+    auto gb = locus_train_test::make_guard<D>(1.0f);
+    auto flags_a = locus::zeros<int, D>({static_cast<index_t>(sa.count() + 1)});
+    auto flags_b = locus::zeros<int, D>({static_cast<index_t>(sb.count() + 1)});
+    auto* gsa = reinterpret_cast<locus::detail::step_state*>(ga.data_handle());
+    auto* gsb = reinterpret_cast<locus::detail::step_state*>(gb.data_handle());
+    for (std::size_t t = 0; t < steps.size(); ++t) {
+      CAPTURE(t);
+      auto g = locus::full<float, locus::cpu>({sa.size()}, steps[t].g);
+      g(index_t{2}) = steps[t].injected;
+      locus::copy(g, sa.grad());
+      locus::copy(g, sb.grad());
+      const auto before = host_values(std::as_const(sb).master());
+      const auto before_state = locus_train_test::opt_state(ob);
+      const auto before_steps = ob.steps();
+      if (with_scaler) {
+        ca.unscale(sa);
+        oa.step(ca.state());
+        ca.update();
+        locus::optim::detail::fused_args<float> f;
+        f.st = cb.state();
+        f.scaler = true;
+        f.growth = cb.options().growth_factor;
+        f.backoff = cb.options().backoff_factor;
+        f.interval = static_cast<float>(cb.options().growth_interval);
+        ob.fused_step(f);
+        CHECK(ca.scale() == cb.scale());
+        CHECK(ca.skipped_steps() == cb.skipped_steps());
+        CHECK(ca.growth_tracker() == cb.growth_tracker());
+      } else {
+        locus::detail::launch_n<D>(1, locus::detail::check_begin_kernel{gsa});
+        locus::detail::run_check_grads<D>(
+            locus::detail::check_grads_kernel<float>{sa.grad().data_handle(), gsa, sa.offsets_data(),
+                                                     flags_a.data_handle(), static_cast<int>(sa.count()), false},
+            sa.size());
+        locus::detail::launch_n<D>(1, locus::detail::guard_end_kernel{gsa, static_cast<std::int64_t>(t)});
+        oa.step(gsa);
+        locus::optim::detail::fused_args<float> f;
+        f.st = gsb;
+        f.offsets = sb.offsets_data();
+        f.param_bad = flags_b.data_handle();
+        f.count = static_cast<int>(sb.count());
+        f.micro_step = static_cast<std::int64_t>(t);
+        ob.fused_step(f);
+        const auto sta = locus_train_test::read_guard(ga), stb = locus_train_test::read_guard(gb);
+        CHECK(sta.sticky == stb.sticky);
+        CHECK(sta.bad_step == stb.bad_step);
+        CHECK(sta.skipped == stb.skipped);
+        CHECK(host_values(std::as_const(flags_a).view()) == host_values(std::as_const(flags_b).view()));
+      }
+      const bool bad = !std::isfinite(steps[t].injected) ||
+                       (with_scaler && !std::isfinite(steps[t].injected / 0.5f) && t >= 7) || (!with_scaler && t >= 1);
+      CHECK(host_values(std::as_const(sa).master()) == host_values(std::as_const(sb).master()));
+      CHECK(host_values(a.template get<0>().weight()) == host_values(b.template get<0>().weight()));
+      CHECK(locus_train_test::opt_state(oa) == locus_train_test::opt_state(ob));
+      CHECK(oa.steps() == ob.steps());
+      if (bad) {  // exact skip
+        CHECK(host_values(std::as_const(sb).master()) == before);
+        CHECK(locus_train_test::opt_state(ob) == before_state);
+        CHECK(ob.steps() == before_steps);
+      } else {
+        CHECK(host_values(std::as_const(sb).master()) != before);
+        CHECK(ob.steps() == before_steps + 1);
+      }
+    }
+  };
+  SUBCASE("adamw, grad scaler") {
+    run([](auto& s) { return locus::optim::adamw<D>(s, {.lr = 0.01, .weight_decay = 0.1}); }, true);
+  }
+  SUBCASE("sgd with momentum, grad scaler") {
+    run([](auto& s) { return locus::optim::sgd<D>(s, {.lr = 0.05, .momentum = 0.9}); }, true);
+  }
+  SUBCASE("adamw, fp32 guard (sticky after the first bad step)") {
+    run([](auto& s) { return locus::optim::adamw<D>(s, {.lr = 0.01}); }, false);
+  }
+}
+
+// The fused AdamW step with the unscale folded in against double precision.
+TEST_CASE_TEMPLATE("training: the fused AdamW step with a grad scaler equals a double-precision reference", D,
+                   LOCUS_TEST_DEVICES) {
+  using locus_train_test::host_values;
+  namespace nn = locus::nn;
+  nn::sequential m(nn::linear<D, locus::amp::fp32>(4, 3));
+  auto& store = m.parameters();
+  const locus::optim::adamw_options o{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.05};
+  locus::optim::adamw<D> opt(store, o);
+  locus::amp::grad_scaler<D> scaler({.init_scale = 8.0f, .growth_interval = 100});
+  std::vector<double> p = host_values(std::as_const(store).master());
+  std::vector<double> mm(p.size(), 0.0), vv(p.size(), 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    auto g = locus::randn<float, locus::cpu>({store.size()}, 90 + static_cast<std::uint64_t>(t));
+    for (index_t i = 0; i < g.numel(); ++i) g(i) *= 8.0f;  // scaled gradients
+    locus::copy(g, store.grad());
+    locus::optim::detail::fused_args<float> f;
+    f.st = scaler.state();
+    f.scaler = true;
+    f.interval = 100.0f;
+    opt.fused_step(f);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double gi = static_cast<double>(g(static_cast<index_t>(i))) / 8.0;
+      p[i] -= o.lr * o.weight_decay * p[i];
+      mm[i] = o.beta1 * mm[i] + (1 - o.beta1) * gi;
+      vv[i] = o.beta2 * vv[i] + (1 - o.beta2) * gi * gi;
+      const double mh = mm[i] / (1 - std::pow(o.beta1, t)), vh = vv[i] / (1 - std::pow(o.beta2, t));
+      p[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+    }
+    const auto got = host_values(std::as_const(store).master());
+    for (std::size_t i = 0; i < p.size(); ++i) CHECK(got[i] == doctest::Approx(p[i]).epsilon(2e-5));
+  }
+  CHECK(opt.steps() == 3);
+  CHECK(scaler.skipped_steps() == 0);
+  CHECK(scaler.scale() == 8.0f);
+}

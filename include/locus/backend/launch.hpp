@@ -185,7 +185,7 @@ inline constexpr index_t then_max_blocks = 1056;
 
 /// Blocks launch_n_then launches for n elements (at least one: last() always runs).
 constexpr index_t then_blocks(index_t n) noexcept {
-  const index_t b = n <= 0 ? 1 : (n + then_block - 1) / then_block;
+  const index_t b = n <= 0 ? 1 : n / then_block + (n % then_block != 0 ? 1 : 0);  // no overflow near 2^63
   return b < then_max_blocks ? b : then_max_blocks;
 }
 

@@ -11,9 +11,15 @@
 // column of C, which is what a linear layer's bias is.
 //
 // Per device: one cached handle (created on first use under a lock, never destroyed:
-// tensors with static storage may call in during exit), a cache of the algorithm the
-// heuristic picked for each problem, and a workspace taken from the caching allocator
-// on the current stream for each call.
+// tensors with static storage may call in during exit), and a workspace taken from the
+// caching allocator on the current stream for each call. Per host thread: a cache,
+// keyed by the whole problem (gemm_key: device, dtypes, shape, transposes, leading
+// dimensions, batch strides, epilogue, whether there is a bias, the operands'
+// alignments and the workspace size), of the three layouts, the matmul descriptor with
+// its transposes and epilogue set, and the algorithm the heuristic picked (or that it
+// has none). A call that hits builds nothing and takes no lock: one hash lookup, the
+// bias pointer set on the descriptor when there is one, and cublasLtMatmul. Per thread,
+// because the bias pointer is set on the cached descriptor before each call.
 #pragma once
 
 #include "../../core/config.hpp"
@@ -28,7 +34,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,6 +60,17 @@
   } while (false)
 
 namespace locus::detail {
+
+#if defined(LOCUS_COUNT_LAUNCHES)
+/// cuBLASLt GEMMs run so far (bench builds only).
+inline unsigned long long& gemm_count() noexcept {
+  static unsigned long long n = 0;
+  return n;
+}
+inline void count_gemm() noexcept { ++gemm_count(); }
+#else
+inline void count_gemm() noexcept {}
+#endif
 
 template <class T>
 constexpr cudaDataType_t cublaslt_type() {
@@ -206,14 +223,109 @@ struct cublaslt_gemm_args {
   bool accumulate = false;     // D = A B + D (beta 1)
 };
 
-/// Heuristic results, per device and problem; nullopt: cuBLASLt has no algorithm for
-/// it (remembered, so the caller's unfused path does not ask again on every call).
-inline std::map<std::array<std::int64_t, 23>, std::optional<cublasLtMatmulAlgo_t>>& cublaslt_algo_cache(
-    std::mutex*& mutex) {
-  static std::mutex m;
-  static auto* cache = new std::map<std::array<std::int64_t, 23>, std::optional<cublasLtMatmulAlgo_t>>();
-  mutex = &m;
-  return *cache;
+/// What identifies a GEMM for the descriptor cache: every value the layouts, the
+/// descriptor and the heuristic depend on (not the data pointers, only their
+/// alignments; not the bias pointer, only whether there is one).
+using gemm_key = std::array<std::int64_t, 24>;
+
+/// The key of `g` on `device` with a workspace of `ws_bytes` (a pure function: the
+/// host suite checks what it tells apart).
+inline gemm_key make_gemm_key(const cublaslt_gemm_args& g, int device, std::size_t ws_bytes) noexcept {
+  return gemm_key{device,
+                  static_cast<std::int64_t>(g.ab_type),
+                  static_cast<std::int64_t>(g.d_type),
+                  static_cast<std::int64_t>(g.compute),
+                  static_cast<std::int64_t>(g.scale),
+                  g.batch,
+                  g.m,
+                  g.n,
+                  g.k,
+                  g.la.trans ? 1 : 0,
+                  g.la.ld,
+                  g.batch > 1 ? g.a_bs : 0,
+                  g.lb.trans ? 1 : 0,
+                  g.lb.ld,
+                  g.batch > 1 ? g.b_bs : 0,
+                  g.ldd,
+                  g.batch > 1 ? g.d_bs : 0,
+                  static_cast<std::int64_t>(g.epilogue),
+                  g.bias ? 1 : 0,
+                  pointer_alignment(g.b),
+                  pointer_alignment(g.a),
+                  pointer_alignment(g.d),
+                  g.bias ? pointer_alignment(g.bias) : 0,
+                  static_cast<std::int64_t>(ws_bytes)};
+}
+
+/// FNV-1a over the key's words.
+struct gemm_key_hash {
+  std::size_t operator()(const gemm_key& k) const noexcept {
+    std::uint64_t h = 1469598103934665603ull;
+    for (const std::int64_t w : k) {
+      h ^= static_cast<std::uint64_t>(w);
+      h *= 1099511628211ull;
+    }
+    return static_cast<std::size_t>(h);
+  }
+};
+
+/// A cached GEMM: its layouts and descriptor, and the algorithm (nullopt: cuBLASLt has
+/// none, so the caller's unfused path runs without asking again).
+struct gemm_plan {
+  std::unique_ptr<lt_layout> first, second, out;
+  std::unique_ptr<lt_matmul_desc> desc;
+  std::optional<cublasLtMatmulAlgo_t> algo;
+};
+
+/// This thread's plans.
+inline std::unordered_map<gemm_key, gemm_plan, gemm_key_hash>& gemm_plans() {
+  thread_local std::unordered_map<gemm_key, gemm_plan, gemm_key_hash> plans;
+  return plans;
+}
+
+/// Builds the plan of `g` (layouts, descriptor, heuristic).
+inline gemm_plan make_gemm_plan(const cublaslt_gemm_args& g, const cublaslt_device_state& st, std::size_t ws_bytes) {
+  const int batch = static_cast<int>(g.batch);
+  // Swapped operands: cuBLASLt's A is our B, its B is our A; D is n x m column-major.
+  // A row-major k x n matrix with ld is a column-major n x k one (op N); a transposed
+  // one (stored n x k row-major) is a column-major k x n one (op T).
+  const auto n64 = static_cast<std::uint64_t>(g.n), m64 = static_cast<std::uint64_t>(g.m),
+             k64 = static_cast<std::uint64_t>(g.k);
+  const cublasOperation_t op_first = g.lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  gemm_plan p;
+  p.first = std::make_unique<lt_layout>(g.ab_type, g.lb.trans ? k64 : n64, g.lb.trans ? n64 : k64, g.lb.ld, batch,
+                                        g.b_bs);
+  p.second = std::make_unique<lt_layout>(g.ab_type, g.la.trans ? m64 : k64, g.la.trans ? k64 : m64, g.la.ld, batch,
+                                         g.a_bs);
+  p.out = std::make_unique<lt_layout>(g.d_type, n64, m64, g.ldd, batch, g.d_bs);
+  p.desc = std::make_unique<lt_matmul_desc>(g.compute, g.scale);
+  p.desc->set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(op_first));
+  p.desc->set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(op_second));
+  p.desc->set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(g.epilogue));
+  if (g.bias) p.desc->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+
+  lt_preference pref;
+  const std::uint32_t al_d = pointer_alignment(g.d);
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws_bytes));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointer_alignment(g.b));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointer_alignment(g.a));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(st.handle, p.desc->h, p.first->h, p.second->h, p.out->h,
+                                                          p.out->h, pref.h, 1, &result, &count);
+  // No algorithm: NOT_SUPPORTED, or no result. With an epilogue, any refusal of the
+  // heuristic (some versions answer INVALID_VALUE for shapes an epilogue cannot take,
+  // e.g. a single row) means the same: the caller runs the unfused path instead.
+  const bool none = s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0) ||
+                    (s != CUBLAS_STATUS_SUCCESS && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
+  if (!none) {
+    LOCUS_CUBLAS_CHECK(s);
+    p.algo = result.algo;
+  }
+  return p;
 }
 
 /// Runs the GEMM on the current device and stream. Returns false, having run nothing,
@@ -224,84 +336,30 @@ inline bool cublaslt_gemm(const cublaslt_gemm_args& g) {
     throw shape_error("locus: matmul batch of " + std::to_string(g.batch) +
                       " exceeds what cuBLASLt takes (2^31 - 1)");
   const int device = current_device();
-  const cublaslt_device_state& st = cublaslt_state(device);
-  const int batch = static_cast<int>(g.batch);
-
-  // Swapped operands: cuBLASLt's A is our B, its B is our A; D is n x m column-major.
-  // A row-major k x n matrix with ld is a column-major n x k one (op N); a transposed
-  // one (stored n x k row-major) is a column-major k x n one (op T).
-  const auto n64 = static_cast<std::uint64_t>(g.n), m64 = static_cast<std::uint64_t>(g.m),
-             k64 = static_cast<std::uint64_t>(g.k);
-  const cublasOperation_t op_first = g.lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = g.la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  lt_layout first(g.ab_type, g.lb.trans ? k64 : n64, g.lb.trans ? n64 : k64, g.lb.ld, batch, g.b_bs);
-  lt_layout second(g.ab_type, g.la.trans ? m64 : k64, g.la.trans ? k64 : m64, g.la.ld, batch, g.a_bs);
-  lt_layout out(g.d_type, n64, m64, g.ldd, batch, g.d_bs);
-
-  lt_matmul_desc desc(g.compute, g.scale);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(op_first));
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(op_second));
-  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(g.epilogue));
-  if (g.bias) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-
+  thread_local int last_device = -1;
+  thread_local const cublaslt_device_state* last_state = nullptr;
+  if (device != last_device) {  // the state's lock only when the device changes
+    last_state = &cublaslt_state(device);
+    last_device = device;
+  }
+  const cublaslt_device_state& st = *last_state;
   lt_workspace ws(st.workspace_bytes);
-  const std::uint32_t al_first = pointer_alignment(g.b), al_second = pointer_alignment(g.a),
-                      al_d = pointer_alignment(g.d);
-  const std::int64_t al_bias = g.bias ? pointer_alignment(g.bias) : 0;
-
-  const std::array<std::int64_t, 23> key{
-      device, g.ab_type, g.d_type, g.compute, g.scale, g.batch, g.m, g.n, g.k,
-      g.la.trans, g.la.ld, g.a_bs, g.lb.trans, g.lb.ld, g.b_bs, g.ldd, g.d_bs,
-      static_cast<std::int64_t>(g.epilogue), al_first, al_second, al_d, al_bias,
-      static_cast<std::int64_t>(ws.bytes)};
-  std::mutex* cache_mutex = nullptr;
-  auto& cache = cublaslt_algo_cache(cache_mutex);
-  cublasLtMatmulAlgo_t algo{};
-  bool found = false;
-  {
-    std::lock_guard lock(*cache_mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) {
-      if (!it->second) return false;
-      algo = *it->second;
-      found = true;
-    }
-  }
-  if (!found) {
-    lt_preference pref;
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws.bytes));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_first);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_second);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
-    cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
-        st.handle, desc.h, first.h, second.h, out.h, out.h, pref.h, 1, &result, &count);
-    // No algorithm: NOT_SUPPORTED, or no result. With an epilogue, any refusal of the
-    // heuristic (some versions answer INVALID_VALUE for shapes an epilogue cannot take,
-    // e.g. a single row) means the same: the caller runs the unfused path instead.
-    const bool none = s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && count == 0) ||
-                      (s != CUBLAS_STATUS_SUCCESS && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
-    if (none) {
-      std::lock_guard lock(*cache_mutex);
-      cache.emplace(key, std::nullopt);
-      return false;
-    }
-    LOCUS_CUBLAS_CHECK(s);
-    algo = result.algo;
-    std::lock_guard lock(*cache_mutex);
-    cache.emplace(key, algo);
-  }
+  const gemm_key key = make_gemm_key(g, device, ws.bytes);
+  auto& plans = gemm_plans();
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_gemm_plan(g, st, ws.bytes)).first;
+  gemm_plan& p = it->second;
+  if (!p.algo) return false;
+  if (g.bias) p.desc->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
 
   const float alpha32 = 1.0f, beta32 = g.accumulate ? 1.0f : 0.0f;
   const double alpha64 = 1.0, beta64 = g.accumulate ? 1.0 : 0.0;
   const bool f64 = g.scale == CUDA_R_64F;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
   const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
-  LOCUS_CUBLAS_CHECK(cublasLtMatmul(st.handle, desc.h, alpha, g.b, first.h, g.a, second.h, beta,
-                                    g.d, out.h, g.d, out.h, &algo, ws.p, ws.bytes,
-                                    current_stream()));
+  count_gemm();
+  LOCUS_CUBLAS_CHECK(cublasLtMatmul(st.handle, p.desc->h, alpha, g.b, p.first->h, g.a, p.second->h, beta, g.d,
+                                    p.out->h, g.d, p.out->h, &*p.algo, ws.p, ws.bytes, current_stream()));
   return true;
 }
 
