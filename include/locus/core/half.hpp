@@ -2,9 +2,11 @@
 // locus::bf16 (bfloat16, the upper half of a binary32), with exact widening to float,
 // correctly rounded narrowing (to nearest, ties to even; NaN stays a quiet NaN with its
 // sign, overflow goes to infinity, subnormals are kept) from float and from double, and
-// IEEE-style equality. The scalar conversions are integer bit manipulation only (no
-// _Float16, no CUDA intrinsics), so one constexpr definition serves g++/clang++ host
-// code and nvcc device code and gives the same bits on both. Bulk host conversions
+// IEEE-style equality. The scalar conversions are integer bit manipulation (no _Float16)
+// on the host and in constant evaluation; device code converts f32 <-> f16 (and f32 ->
+// bf16 on sm_80+) with the cvt instruction, which rounds the same way, and takes the
+// portable result only for NaN (the instruction's NaN is canonical), so every device
+// gives the same bits for every input (the CUDA suite checks all 2^32 floats). Bulk host conversions
 // (locus::detail::convert_n) use F16C / AVX2 when the running x86-64 CPU has them,
 // chosen at run time without global -m flags, and otherwise an auto-vectorisable
 // branch-free loop; every path gives bit-identical results to the scalar functions.
@@ -110,9 +112,26 @@ LOCUS_HOST_DEVICE constexpr std::uint16_t round_to_narrow(U x) noexcept {
   return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(r));
 }
 
-/// binary32 encoding -> binary16 encoding, correctly rounded.
-LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_f16_bits(std::uint32_t x) noexcept {
+/// binary32 encoding -> binary16 encoding, correctly rounded: the portable integer form
+/// (host code, constant evaluation, and the reference the device path is tested against).
+LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_f16_bits_portable(std::uint32_t x) noexcept {
   return round_to_narrow<std::uint32_t, 8, 23, 5, 10>(x);
+}
+/// binary32 encoding -> binary16 encoding, correctly rounded. Device code uses the
+/// conversion instruction cvt.rn.f16.f32 (round to nearest, ties to even, like the
+/// portable form; no .ftz, so subnormals are kept); it gives the canonical NaN 0x7fff,
+/// so a NaN takes the portable result (sign and payload kept, quiet bit set): the same
+/// bits on every device, for every input.
+LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_f16_bits(std::uint32_t x) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!std::is_constant_evaluated()) {
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(__uint_as_float(x)));
+    const unsigned short nan = static_cast<unsigned short>(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu));
+    return (x & 0x7fffffffu) > 0x7f800000u ? nan : r;
+  }
+#endif
+  return f32_bits_to_f16_bits_portable(x);
 }
 /// binary64 encoding -> binary16 encoding, correctly rounded (directly, no double rounding).
 LOCUS_HOST_DEVICE constexpr std::uint16_t f64_bits_to_f16_bits(std::uint64_t x) noexcept {
@@ -120,11 +139,25 @@ LOCUS_HOST_DEVICE constexpr std::uint16_t f64_bits_to_f16_bits(std::uint64_t x) 
 }
 /// binary32 encoding -> bfloat16 encoding, correctly rounded. Same exponent range, so
 /// this is "add just under half an ulp plus the lsb, keep the top 16 bits"; the carry
-/// handles subnormals, the binade change and overflow to infinity.
-LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_bf16_bits(std::uint32_t x) noexcept {
+/// handles subnormals, the binade change and overflow to infinity. (Portable form.)
+LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_bf16_bits_portable(std::uint32_t x) noexcept {
   const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
   const std::uint32_t nan = (x >> 16) | 0x0040u;
   return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+/// binary32 encoding -> bfloat16 encoding, correctly rounded. Device code for sm_80 and
+/// later uses cvt.rn.bf16.f32 (round to nearest even, subnormals kept), a NaN taking the
+/// portable result (the instruction gives 0x7fff); older GPUs use the portable form.
+LOCUS_HOST_DEVICE constexpr std::uint16_t f32_bits_to_bf16_bits(std::uint32_t x) noexcept {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (!std::is_constant_evaluated()) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(__uint_as_float(x)));
+    const unsigned short nan = static_cast<unsigned short>((x >> 16) | 0x0040u);
+    return (x & 0x7fffffffu) > 0x7f800000u ? nan : r;
+  }
+#endif
+  return f32_bits_to_bf16_bits_portable(x);
 }
 /// binary64 encoding -> bfloat16 encoding, correctly rounded (directly, no double rounding).
 LOCUS_HOST_DEVICE constexpr std::uint16_t f64_bits_to_bf16_bits(std::uint64_t x) noexcept {
@@ -132,8 +165,8 @@ LOCUS_HOST_DEVICE constexpr std::uint16_t f64_bits_to_bf16_bits(std::uint64_t x)
 }
 
 /// binary16 encoding -> binary32 encoding, exact. A NaN keeps its sign and payload and
-/// gets the quiet bit set (as the F16C instruction does).
-LOCUS_HOST_DEVICE constexpr std::uint32_t f16_bits_to_f32_bits(std::uint16_t h) noexcept {
+/// gets the quiet bit set (as the F16C instruction does). (Portable form.)
+LOCUS_HOST_DEVICE constexpr std::uint32_t f16_bits_to_f32_bits_portable(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t e = (h >> 10) & 0x1fu;
   const std::uint32_t m = h & 0x3ffu;
@@ -155,7 +188,22 @@ LOCUS_HOST_DEVICE constexpr std::uint32_t f16_bits_to_f32_bits(std::uint16_t h) 
   const std::uint32_t sub = m != 0 ? ((113u - k) << 23) | ((mn & 0x3ffu) << 13) : 0u;
   return sign | (e == 0x1fu ? inf_nan : e == 0 ? sub : normal);
 }
-/// bfloat16 encoding -> binary32 encoding, exact (a NaN keeps all its bits).
+/// binary16 encoding -> binary32 encoding, exact. Device code uses cvt.f32.f16 (exact),
+/// a NaN taking the portable result (sign and payload kept, quiet bit set).
+LOCUS_HOST_DEVICE constexpr std::uint32_t f16_bits_to_f32_bits(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!std::is_constant_evaluated()) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
+    const std::uint32_t nan = (static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7fc00000u |
+                              (static_cast<std::uint32_t>(h & 0x3ffu) << 13);
+    return (h & 0x7fffu) > 0x7c00u ? nan : __float_as_uint(f);
+  }
+#endif
+  return f16_bits_to_f32_bits_portable(h);
+}
+/// bfloat16 encoding -> binary32 encoding, exact (a NaN keeps all its bits): a shift,
+/// on every device.
 LOCUS_HOST_DEVICE constexpr std::uint32_t bf16_bits_to_f32_bits(std::uint16_t b) noexcept {
   return static_cast<std::uint32_t>(b) << 16;
 }

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "../backend/launch.hpp"
 #include "../core/config.hpp"
 #include "../ops/math.hpp"
 #include "../ops/random.hpp"
+#include "../ops/softmax.hpp"
 
 #if LOCUS_HAS_CUDA
 #include "../backend/cuda/runtime.hpp"
@@ -130,11 +132,15 @@ struct act_backward_kernel {
   }
 };
 
-/// The backward pass of a linear layer's epilogue, one thread per output column j:
-/// dz[i, j] = gy[i, j] * act'(...) for every row i, and db[j] += sum_i dz[i, j] (in the
-/// master dtype M, accumulated in compute_t<T>).
+/// The backward pass of a linear layer's epilogue: dz[i, j] = gy[i, j] * act'(...) for
+/// every row i, and db[j] += sum_i dz[i, j] (in the master dtype M, accumulated in
+/// compute_t<T>: f32 for f16/bf16/f32). The sum is what the weights see: dz as stored.
+/// On cuda a tiled column reduction (plan_column_tiles: 32 columns x up to 16 row groups
+/// per block, the rows split over blocks when the columns cannot fill the GPU, partials
+/// combined in a fixed order: the same bits every run); on the host a row-order walk.
 template <class T, class M>
 struct bias_act_grad_kernel {
+  using C = compute_t<T>;
   const T* gy;
   const T* z;
   const T* y;
@@ -142,54 +148,135 @@ struct bias_act_grad_kernel {
   M* db;   // nullptr: no bias
   index_t rows, cols;
   act_kind kind;
-  LOCUS_HOST_DEVICE void operator()(index_t j) const {
-    using C = compute_t<T>;
+  C* partial = nullptr;  // [splits, cols] (cuda, split rows)
+  column_tiles plan{};
+
+  /// dz of element k (written when there is an activation) and what the sum adds.
+  LOCUS_HOST_DEVICE C element(index_t k) const {
+    const C g = load(gy[k]);
+    if (kind == act_kind::none) return g;
+    const T d = store<T>(g * act_derivative(kind, z ? load(z[k]) : C(0), y ? load(y[k]) : C(0)));
+    dz[k] = d;
+    return load(d);
+  }
+  /// One thread's part of column j: rows r0, r0 + step, ... < r1.
+  LOCUS_HOST_DEVICE C thread_part(index_t j, index_t r0, index_t r1, index_t step) const {
     C acc(0);
-    for (index_t i = 0; i < rows; ++i) {
-      const index_t k = i * cols + j;
-      C g = load(gy[k]);
-      if (kind != act_kind::none) {
-        g *= act_derivative(kind, z ? load(z[k]) : C(0), y ? load(y[k]) : C(0));
-        dz[k] = store<T>(g);
-        acc += load(dz[k]);  // the bias gradient sums what the weights see
-      } else {
-        acc += g;
-      }
+    for (index_t i = r0; i < r1; i += step) acc += element(i * cols + j);
+    return acc;
+  }
+  LOCUS_HOST_DEVICE void finish(index_t j, C v) const {
+    if (db) db[j] = static_cast<M>(static_cast<C>(db[j]) + v);
+  }
+  LOCUS_HOST_DEVICE void block_result(index_t j, index_t split, C v) const {
+    if (plan.splits > 1) partial[split * cols + j] = v;
+    else finish(j, v);
+  }
+  /// The second pass when the rows are split: the splits of column j in order.
+  struct combine_splits {
+    bias_act_grad_kernel k;
+    LOCUS_HOST_DEVICE void operator()(index_t j) const {
+      C v = k.partial[j];
+      for (index_t s = 1; s < k.plan.splits; ++s) v += k.partial[s * k.cols + j];
+      k.finish(j, v);
     }
-    if (db) db[j] = static_cast<M>(static_cast<C>(db[j]) + acc);
+  };
+  LOCUS_HOST_DEVICE index_t split_end(index_t s) const {
+    return (s + 1) * plan.rows_per_split < rows ? (s + 1) * plan.rows_per_split : rows;
+  }
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  __device__ void block() const {
+    __shared__ C part[max_tile_rows][tile_cols];
+    const index_t j = static_cast<index_t>(blockIdx.x) * tile_cols + threadIdx.x;
+    const index_t s = blockIdx.y;
+    const bool live = j < cols;
+    part[threadIdx.y][threadIdx.x] =
+        live ? thread_part(j, s * plan.rows_per_split + threadIdx.y, split_end(s), plan.tile_rows) : C(0);
+    if (!db) return;  // dz only: nothing to combine
+    __syncthreads();
+    if (threadIdx.y == 0 && live) {
+      C v = part[0][threadIdx.x];
+      for (index_t t = 1; t < plan.tile_rows; ++t) v += part[t][threadIdx.x];
+      block_result(j, s, v);
+    }
+  }
+#endif
+
+  /// The device's schedule run on the host, block by block in the same order (tests:
+  /// the CPU suite checks what cuda runs). Needs plan set and, for splits, partial.
+  void run_tiled_host() const {
+    for (index_t s = 0; s < plan.splits; ++s)
+      for (index_t j = 0; j < cols; ++j) {
+        C v = thread_part(j, s * plan.rows_per_split, split_end(s), plan.tile_rows);
+        for (index_t t = 1; t < plan.tile_rows; ++t)
+          v += thread_part(j, s * plan.rows_per_split + t, split_end(s), plan.tile_rows);
+        if (db) block_result(j, s, v);
+      }
+    if (db && plan.splits > 1)
+      for (index_t j = 0; j < cols; ++j) combine_splits{*this}(j);
   }
 
-  /// The same computation walking rows in order (host caches).
+  /// The host form: rows in order (host caches), columns in chunks of 1024, chunks of
+  /// rows of host_bias_rows in parallel (OpenMP) when the work is large, their sums
+  /// combined in chunk order (the result does not depend on the thread count).
   void run_host() const {
-    using C = compute_t<T>;
     constexpr index_t chunk = 1024;
-    C acc[chunk];
-    for (index_t j0 = 0; j0 < cols; j0 += chunk) {
+    constexpr index_t host_bias_rows = 256;
+    const index_t col_chunks = (cols + chunk - 1) / chunk;
+    const index_t row_chunks = (rows + host_bias_rows - 1) / host_bias_rows;
+    const index_t tasks = col_chunks * row_chunks;
+    std::vector<C> part(static_cast<std::size_t>(row_chunks > 1 && db ? row_chunks * cols : 0));
+    [[maybe_unused]] const bool parallel = rows * cols >= host_parallel_threshold && tasks > 1;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+    for (index_t t = 0; t < tasks; ++t) {
+      const index_t rc = t / col_chunks, j0 = (t % col_chunks) * chunk;
       const index_t nj = cols - j0 < chunk ? cols - j0 : chunk;
+      const index_t r0 = rc * host_bias_rows, r1 = r0 + host_bias_rows < rows ? r0 + host_bias_rows : rows;
+      C acc[chunk];
       for (index_t j = 0; j < nj; ++j) acc[j] = C(0);
-      for (index_t i = 0; i < rows; ++i) {
+      for (index_t i = r0; i < r1; ++i) {
         const index_t base = i * cols + j0;
         if (kind != act_kind::none) {
-          for (index_t j = 0; j < nj; ++j) {
-            const index_t k = base + j;
-            const C g = load(gy[k]) * act_derivative(kind, z ? load(z[k]) : C(0), y ? load(y[k]) : C(0));
-            dz[k] = store<T>(g);
-            acc[j] += load(dz[k]);
-          }
+          for (index_t j = 0; j < nj; ++j) acc[j] += element(base + j);
         } else {
           for (index_t j = 0; j < nj; ++j) acc[j] += load(gy[base + j]);
         }
       }
-      if (db)
-        for (index_t j = 0; j < nj; ++j) db[j0 + j] = static_cast<M>(static_cast<C>(db[j0 + j]) + acc[j]);
+      if (!db) continue;
+      if (row_chunks > 1) {
+        for (index_t j = 0; j < nj; ++j) part[static_cast<std::size_t>(rc * cols + j0 + j)] = acc[j];
+      } else {
+        for (index_t j = 0; j < nj; ++j) finish(j0 + j, acc[j]);
+      }
     }
+    if (db && row_chunks > 1)
+      for (index_t j = 0; j < cols; ++j) {
+        C v = part[static_cast<std::size_t>(j)];
+        for (index_t rc = 1; rc < row_chunks; ++rc) v += part[static_cast<std::size_t>(rc * cols + j)];
+        finish(j, v);
+      }
   }
 };
 
 template <class D, class T, class M>
 void run_bias_act_grad(const bias_act_grad_kernel<T, M>& k) {
-  if constexpr (D::host_accessible) k.run_host();
-  else launch_n<D>(k.cols, k);
+  if (k.rows <= 0 || k.cols <= 0) return;
+  if constexpr (D::host_accessible) {
+    k.run_host();
+  } else if constexpr (require_kernel_compiler<D>()) {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    bias_act_grad_kernel<T, M> t = k;
+    t.plan = plan_column_tiles(k.rows, k.cols);
+    using C = typename bias_act_grad_kernel<T, M>::C;
+    scratch<D> partial(k.db && t.plan.splits > 1 ? static_cast<std::size_t>(t.plan.splits * k.cols) * sizeof(C) : 0);
+    t.partial = partial.template as<C>();
+    launch_blocks(dim3(static_cast<unsigned>(t.plan.col_tiles), static_cast<unsigned>(t.plan.splits)),
+                  dim3(static_cast<unsigned>(tile_cols), static_cast<unsigned>(t.plan.tile_rows)), t);
+    if (k.db && t.plan.splits > 1) launch_n<D>(k.cols, typename bias_act_grad_kernel<T, M>::combine_splits{t});
+#endif
+  }
 }
 
 /// Dropout: y = x * mask / (1 - p) with mask[i] = U(seed, i, stream) >= p; the mask is
@@ -208,10 +295,54 @@ struct dropout_kernel {
   }
 };
 
-/// Cross-entropy from logits, one thread per row: the loss of row i (label smoothing
-/// eps over k classes, in f32 or f64) into row_loss[i], and the gradient of
-/// scale * mean loss into gx. A label outside [0, k) records the first offender in
-/// bad[0..1] (row, value) and counts the row as zero loss and zero gradient.
+/// What one pass over (part of) a row of logits gives cross-entropy: the online maximum
+/// and sum of exponentials, the plain sum of the logits (in f64 for f32 and half
+/// logits: eps / k * sum_j log p_j would otherwise lose digits to cancellation) and the
+/// first maximum's index (NaN counts as the maximum, as locus::argmax's). Partial
+/// states merge; merge is commutative bit for bit.
+template <class A>
+struct ce_row_state {
+  using W = std::conditional_t<std::is_same_v<A, float>, double, A>;
+  online_softmax<A> os;
+  W sum;
+  arg_pair<A> best;
+  LOCUS_HOST_DEVICE static ce_row_state start() {
+    return {online_softmax<A>::start(), W(0), arg_op<true>::template identity<A>()};
+  }
+  LOCUS_HOST_DEVICE void add(A v, index_t j) {
+    os.add(v);
+    sum += static_cast<W>(v);
+    best = arg_op<true>{}(best, arg_pair<A>{v, j});
+  }
+  LOCUS_HOST_DEVICE static ce_row_state merge(const ce_row_state& a, const ce_row_state& b) {
+    return {online_softmax<A>::merge(a.os, b.os), a.sum + b.sum, arg_op<true>{}(a.best, b.best)};
+  }
+};
+
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+template <class A>
+__device__ inline ce_row_state<A> warp_merge(ce_row_state<A> st) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    ce_row_state<A> o;
+    o.os.m = __shfl_xor_sync(0xffffffffu, st.os.m, off);
+    o.os.s = __shfl_xor_sync(0xffffffffu, st.os.s, off);
+    o.sum = __shfl_xor_sync(0xffffffffu, st.sum, off);
+    o.best.value = __shfl_xor_sync(0xffffffffu, st.best.value, off);
+    o.best.index = __shfl_xor_sync(0xffffffffu, static_cast<long long>(st.best.index), off);
+    st = ce_row_state<A>::merge(st, o);
+  }
+  return st;
+}
+#endif
+
+/// Cross-entropy from logits, per row: the loss of row i (label smoothing eps over k
+/// classes, in f32 or f64) into row_loss[i], and the gradient of scale * mean loss into
+/// gx: one online pass over the row, one pass that writes the gradient. A label outside
+/// [0, k) records the first offender in bad[0..2] (tag + 2, row, value) and counts the
+/// row as zero loss and zero gradient. The host runs a row per call (operator()); cuda
+/// runs a warp per row (k <= row_warp_max) or a block of row_block_threads per row.
+/// A row holding NaN, +inf, or only -inf has a NaN loss and NaN gradients.
 template <class T, class L, class A>
 struct cross_entropy_kernel {
   const T* x;  // [n, k]
@@ -225,63 +356,130 @@ struct cross_entropy_kernel {
   A eps;
   A factor;  // the gradient is of factor * scale * mean loss (1 / micro-batches)
   std::int64_t tag = -1;  // which batch this is (the trainer's micro-step), -1 unknown
-  LOCUS_HOST_DEVICE void operator()(index_t i) const {
-    const T* row = x + i * k;
-    const std::int64_t label = static_cast<std::int64_t>(labels[i]);
-    if (label < 0 || label >= k) {
-      if (bad) {  // bad[0] = tag + 2 (nonzero) marks the first bad label seen
+  row_mode mode = row_mode::warp_rows;
+  using state = ce_row_state<A>;
+
+  LOCUS_HOST_DEVICE std::int64_t label_of(index_t i) const { return static_cast<std::int64_t>(labels[i]); }
+  LOCUS_HOST_DEVICE bool label_ok(std::int64_t label) const { return label >= 0 && label < k; }
+  /// Records the first bad label (one thread per row calls it).
+  LOCUS_HOST_DEVICE void note_bad(index_t i, std::int64_t label) const {
+    row_loss[i] = A(0);
+    if (row_correct) row_correct[i] = A(0);
+    if (!bad) return;  // bad[0] = tag + 2 (nonzero) marks the first bad label seen
 #if defined(__CUDA_ARCH__)
-        if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull,
-                      static_cast<unsigned long long>(tag + 2)) == 0ull) {
-          bad[1] = i;
-          bad[2] = label;
-        }
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull, static_cast<unsigned long long>(tag + 2)) == 0ull) {
+      bad[1] = i;
+      bad[2] = label;
+    }
 #else
-        std::int64_t expected = 0;
-        if (__atomic_compare_exchange_n(bad, &expected, tag + 2, false, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED)) {
-          bad[1] = i;
-          bad[2] = label;
-        }
+    std::int64_t expected = 0;
+    if (__atomic_compare_exchange_n(bad, &expected, tag + 2, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      bad[1] = i;
+      bad[2] = label;
+    }
 #endif
-      }
-      row_loss[i] = A(0);
-      if (row_correct) row_correct[i] = A(0);
-      if (gx)
-        for (index_t j = 0; j < k; ++j) gx[i * k + j] = store<T>(A(0));
+  }
+  LOCUS_HOST_DEVICE state part(index_t i, index_t j0, index_t step) const {
+    const T* row = x + i * k;
+    state st = state::start();
+    for (index_t j = j0; j < k; j += step) st.add(static_cast<A>(load(row[j])), j);
+    return st;
+  }
+  /// The row's loss and accuracy (one thread per row).
+  LOCUS_HOST_DEVICE void finish_row(index_t i, std::int64_t label, const state& st) const {
+    const A m = st.os.m, log_s = m_log(st.os.sum());
+    const A zy = static_cast<A>(load(x[i * k + label])) - m;
+    const A kk = static_cast<A>(k);
+    const A sum_z = static_cast<A>(st.sum - static_cast<typename state::W>(kk) * static_cast<typename state::W>(m));
+    // -(1 - eps) log p_y - eps / k sum_j log p_j, log p_j = z_j - log s
+    row_loss[i] = -(A(1) - eps) * (zy - log_s) - eps / kk * (sum_z - kk * log_s);
+    if (row_correct) row_correct[i] = st.best.index == label ? A(1) : A(0);
+  }
+  /// The gradient of row i at j0, j0 + step, ... (zeros for a bad label).
+  LOCUS_HOST_DEVICE void write_grad(index_t i, std::int64_t label, bool ok, const state& st, index_t j0,
+                                    index_t step) const {
+    if (!gx) return;
+    T* g = gx + i * k;
+    if (!ok) {
+      for (index_t j = j0; j < k; j += step) g[j] = store<T>(A(0));
       return;
     }
-    A mx = static_cast<A>(load(row[0]));
-    index_t arg = 0;
-    for (index_t j = 1; j < k; ++j) {
-      const A v = static_cast<A>(load(row[j]));
-      if (v > mx) {
-        mx = v;
-        arg = j;
-      }
-    }
-    A se(0), sum_z(0);
-    for (index_t j = 0; j < k; ++j) {
-      const A v = static_cast<A>(load(row[j])) - mx;
-      se += m_exp(v);
-      sum_z += v;
-    }
-    const A lse = m_log(se);
-    const A zy = static_cast<A>(load(row[label])) - mx;
+    const A s = factor * (scale ? static_cast<A>(*scale) : A(1)) / static_cast<A>(n);
+    const A m = st.os.m, log_s = m_log(st.os.sum());
     const A kk = static_cast<A>(k);
-    // -(1 - eps) log p_y - eps / k sum_j log p_j
-    row_loss[i] = -(A(1) - eps) * (zy - lse) - eps / kk * (sum_z - kk * lse);
-    if (row_correct) row_correct[i] = arg == label ? A(1) : A(0);
-    if (gx) {
-      const A s = factor * (scale ? static_cast<A>(*scale) : A(1)) / static_cast<A>(n);
-      for (index_t j = 0; j < k; ++j) {
-        const A p = m_exp(static_cast<A>(load(row[j])) - mx - lse);
-        const A target = (j == label ? A(1) - eps : A(0)) + eps / kk;
-        gx[i * k + j] = store<T>((p - target) * s);
-      }
+    const T* row = x + i * k;
+    for (index_t j = j0; j < k; j += step) {
+      const A p = m_exp((static_cast<A>(load(row[j])) - m) - log_s);
+      const A target = (j == label ? A(1) - eps : A(0)) + eps / kk;
+      g[j] = store<T>((p - target) * s);
     }
   }
+  /// Host: row i, whole.
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const std::int64_t label = label_of(i);
+    if (!label_ok(label)) {
+      note_bad(i, label);
+      write_grad(i, label, false, state::start(), 0, 1);
+      return;
+    }
+    const state st = part(i, 0, 1);
+    finish_row(i, label, st);
+    write_grad(i, label, true, st, 0, 1);
+  }
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  __device__ void block() const {
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const bool per_warp = mode == row_mode::warp_rows;
+    const index_t i = per_warp ? static_cast<index_t>(blockIdx.x) * rows_per_warp_block + warp : blockIdx.x;
+    if (i >= n) return;  // whole warps (warp rows) or the whole block (block rows)
+    const index_t j0 = per_warp ? lane : threadIdx.x, step = per_warp ? 32 : blockDim.x;
+    const std::int64_t label = label_of(i);
+    const bool ok = label_ok(label);
+    if (!ok) {
+      if (j0 == 0) note_bad(i, label);
+      write_grad(i, label, false, state::start(), j0, step);
+      return;
+    }
+    state st = warp_merge(part(i, j0, step));
+    if (!per_warp) {
+      __shared__ A sm[32], ss[32], bv[32];
+      __shared__ typename state::W sx[32];
+      __shared__ index_t bi[32];
+      if (lane == 0) {
+        sm[warp] = st.os.m;
+        ss[warp] = st.os.s;
+        sx[warp] = st.sum;
+        bv[warp] = st.best.value;
+        bi[warp] = st.best.index;
+      }
+      __syncthreads();
+      st = state{{sm[0], ss[0]}, sx[0], {bv[0], bi[0]}};
+      for (unsigned w = 1; w < blockDim.x / 32; ++w) st = state::merge(st, state{{sm[w], ss[w]}, sx[w], {bv[w], bi[w]}});
+    }
+    if (j0 == 0) finish_row(i, label, st);
+    write_grad(i, label, true, st, j0, step);
+  }
+#endif
 };
+
+/// Runs cross_entropy_kernel on D: a row per call on the host, warps or blocks per row
+/// on cuda.
+template <class D, class T, class L, class A>
+void run_cross_entropy(cross_entropy_kernel<T, L, A> f) {
+  if (f.n <= 0) return;
+  if constexpr (D::host_accessible) {
+    launch_n<D>(f.n, f, f.k);
+  } else if constexpr (require_kernel_compiler<D>()) {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    f.mode = choose_row_mode(f.k, 1);
+    if (f.mode == row_mode::warp_rows)
+      launch_blocks(dim3(static_cast<unsigned>((f.n + rows_per_warp_block - 1) / rows_per_warp_block)),
+                    dim3(static_cast<unsigned>(32 * rows_per_warp_block)), f);
+    else
+      launch_blocks(dim3(static_cast<unsigned>(f.n)), dim3(static_cast<unsigned>(row_block_threads)), f);
+#endif
+  }
+}
 
 /// Mean squared error, one thread per element: d2[i] = (x - t)^2 and the gradient of
 /// scale * mean into gx.

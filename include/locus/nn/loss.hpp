@@ -114,12 +114,9 @@ class cross_entropy_state {
       row_correct_ = tensor<A, D, 1>(extents<1>{n});
     }
     if (with_grad && gx_.shape() != logits.shape()) gx_ = tensor<C, D, 2>(logits.shape());
-    locus::detail::launch_n<D>(
-        n, locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
-               logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr,
-               row_loss_.data_handle(), correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n,
-               k, eps_, factor_, tag_},
-        k);
+    locus::detail::run_cross_entropy<D>(locus::detail::cross_entropy_kernel<C, std::int64_t, A>{
+        logits.data_handle(), labels.data_handle(), with_grad ? gx_.data_handle() : nullptr, row_loss_.data_handle(),
+        correct ? row_correct_.data_handle() : nullptr, bad_.data_handle(), scale, n, k, eps_, factor_, tag_});
     if constexpr (D::host_accessible) check_labels();
   }
 

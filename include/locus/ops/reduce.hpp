@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "expr.hpp"
@@ -256,8 +257,13 @@ LOCUS_HOST_DEVICE inline void unravel_except_axis(index_t o, const index_array<R
   }
 }
 
-/// Per-output kernel for axis reductions: output o reduces `len` elements along `axis`.
-template <reduce_kind K, class T, class Ev, std::size_t R>
+/// No compile-time axis: the kernel reads `axis` at run time (host code).
+inline constexpr std::size_t runtime_axis = static_cast<std::size_t>(-1);
+
+/// Per-output kernel for axis reductions: output o reduces `len` elements along `axis`
+/// (StaticAxis: the same axis known at compile time, so that the multi-index stays in
+/// registers on cuda instead of a stack frame).
+template <reduce_kind K, class T, class Ev, std::size_t R, std::size_t StaticAxis = runtime_axis>
 struct axis_reduce_kernel {
   using A = acc_t<T>;
   using W = wide_sum_t<A>;
@@ -268,6 +274,7 @@ struct axis_reduce_kernel {
   std::size_t axis;
   index_t len;
   double correction;
+  LOCUS_HOST_DEVICE std::size_t ax() const { return StaticAxis == runtime_axis ? axis : StaticAxis; }
   /// The sum along the axis from idx (of squared deviations from mean if Sq), blocked as
   /// whole-tensor sums are: blocks of reduce_block elements, each summed in A with 8
   /// partial sums (accurate and vectorisable), the blocks combined in W (f64 for floating
@@ -279,14 +286,20 @@ struct axis_reduce_kernel {
     for (index_t lo = 0; lo < len; lo += reduce_block) {
       const index_t hi = lo + reduce_block < len ? lo + reduce_block : len;
       A part[8] = {};
-      for (index_t j = lo; j < hi; ++j) {
-        idx[axis] = j;
-        const A v = static_cast<A>(ev.at_index(idx));
-        if constexpr (Sq) {
-          const A d = v - mean;
-          part[j & 7] += d * d;
-        } else {
-          part[j & 7] = add_wrapping(part[j & 7], v);
+      // Element j goes to part[j & 7] (lo is a multiple of 8): groups of 8 with constant
+      // indices, so the partial sums stay in registers (no stack frame on cuda).
+      for (index_t j0 = lo; j0 < hi; j0 += 8) {
+        for (int l = 0; l < 8; ++l) {
+          const index_t j = j0 + l;
+          if (j >= hi) break;
+          idx[ax()] = j;
+          const A v = static_cast<A>(ev.at_index(idx));
+          if constexpr (Sq) {
+            const A d = v - mean;
+            part[l] += d * d;
+          } else {
+            part[l] = add_wrapping(part[l], v);
+          }
         }
       }
       const A block = add_wrapping(add_wrapping(add_wrapping(part[0], part[1]), add_wrapping(part[2], part[3])),
@@ -297,11 +310,11 @@ struct axis_reduce_kernel {
   }
   LOCUS_HOST_DEVICE void operator()(index_t o) const {
     index_t idx[R];
-    unravel_except_axis(o, shape, axis, idx);
+    unravel_except_axis(o, shape, ax(), idx);
     if constexpr (K == reduce_kind::argmax || K == reduce_kind::argmin) {
       arg_pair<A> best{static_cast<A>(ev.at_index(idx)), 0};
       for (index_t j = 1; j < len; ++j) {
-        idx[axis] = j;
+        idx[ax()] = j;
         best = arg_op<K == reduce_kind::argmax>{}(best, arg_pair<A>{static_cast<A>(ev.at_index(idx)), j});
       }
       out[o] = best.index;
@@ -309,7 +322,7 @@ struct axis_reduce_kernel {
       using Op = std::conditional_t<K == reduce_kind::max, max_op, min_op>;
       A acc = Op::template identity<A>();
       for (index_t j = 0; j < len; ++j) {
-        idx[axis] = j;
+        idx[ax()] = j;
         acc = Op{}(acc, static_cast<A>(ev.at_index(idx)));
       }
       out[o] = store<Out>(acc);
@@ -330,6 +343,263 @@ struct axis_reduce_kernel {
     }
   }
 };
+
+// ---- tiled reductions along an axis: one plan, one set of per-thread pieces ------------
+//
+// A reduction along axis `axis` of a row-major [outer, len, inner] operand (inner > 1:
+// not the innermost axis; bias gradients are [1, rows, cols]) is cut, on cuda, into
+// blocks of tile_cols x tile_rows threads: threadIdx.x walks 32 neighbouring columns (so
+// a warp reads 32 consecutive elements of one row: coalesced), threadIdx.y a row group
+// (rows y, y + tile_rows, ...), and blockIdx.y a split of the reduced axis when there
+// are too few columns to fill the GPU. Per-thread partials meet in shared memory and are
+// combined by thread y = 0 in the order y = 0, 1, ...; splits are combined by a second
+// pass in split order. The order depends only on the shape, never on timing: the result
+// is the same bits every run. The host drives the same pieces in the same order
+// (`*_host_tiled`), which is how the CPU suite checks what the GPU runs.
+
+/// Columns per block (a warp), and the most row groups per block (blockDim.y).
+inline constexpr index_t tile_cols = 32;
+inline constexpr index_t max_tile_rows = 16;
+/// Blocks that fill an H200 twice (132 SMs); fewer blocks than this split the axis.
+inline constexpr index_t tile_target_blocks = 264;
+/// A split gives each thread at least this many rows (fewer: the second pass costs more).
+inline constexpr index_t tile_min_rows_per_thread = 8;
+
+/// How a column reduction of `rows` reduced elements, `cols` columns and `outer`
+/// independent problems is cut into blocks.
+struct column_tiles {
+  index_t tile_rows = 1;       ///< blockDim.y (1..max_tile_rows)
+  index_t col_tiles = 0;       ///< blocks across the columns of one outer index
+  index_t splits = 1;          ///< gridDim.y: blocks along the reduced axis
+  index_t rows_per_split = 1;  ///< a multiple of tile_rows; the last split may be shorter
+};
+
+/// The plan of a [outer, rows, cols] column reduction (a pure function of the shape).
+inline column_tiles plan_column_tiles(index_t rows, index_t cols, index_t outer = 1) {
+  column_tiles p;
+  p.tile_rows = rows < max_tile_rows ? (rows > 0 ? rows : 1) : max_tile_rows;
+  p.col_tiles = (cols + tile_cols - 1) / tile_cols;
+  const index_t blocks = p.col_tiles * (outer > 0 ? outer : 1);
+  const index_t by_rows = rows / (p.tile_rows * tile_min_rows_per_thread);  // every split: >= 8 rows a thread
+  const index_t by_blocks = blocks > 0 ? (tile_target_blocks + blocks - 1) / blocks : 1;
+  index_t splits = by_rows < by_blocks ? by_rows : by_blocks;
+  if (splits > 65535) splits = 65535;  // gridDim.y
+  if (splits < 1) splits = 1;
+  index_t rps = (rows + splits - 1) / splits;
+  rps = (rps + p.tile_rows - 1) / p.tile_rows * p.tile_rows;
+  if (rps < 1) rps = p.tile_rows;
+  p.rows_per_split = rps;
+  p.splits = rows > 0 ? (rows + rps - 1) / rps : 1;
+  return p;
+}
+
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+/// A kernel that is a functor's block(): the functor owns its indexing and shared memory.
+template <class F>
+__global__ void __launch_bounds__(512) block_kernel(F f) {
+  f.block();
+}
+/// Launches F::block on grid x block threads on the current stream.
+template <class F>
+void launch_blocks(dim3 grid, dim3 block, const F& f) {
+  if (grid.x == 0 || grid.y == 0) return;
+  block_kernel<F><<<grid, block, 0, current_stream()>>>(f);
+  LOCUS_CUDA_CHECK(cudaGetLastError());
+}
+#endif
+
+/// Calls f(std::integral_constant<std::size_t, axis>{}): a runtime axis made a
+/// compile-time one (device kernels index their multi-index by it, so it stays in
+/// registers instead of a stack frame).
+template <std::size_t R, class F>
+void with_static_axis(std::size_t axis, F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((axis == I ? (f(std::integral_constant<std::size_t, I>{}), 0) : 0), ...);
+  }(std::make_index_sequence<R>{});
+}
+
+/// The multi-index of (o, j, i) in a row-major [outer, len, inner] view of `shape`
+/// around the compile-time axis Axis (o over the axes before it, i over those after).
+template <std::size_t Axis, std::size_t R>
+LOCUS_HOST_DEVICE inline void unravel_around_axis(index_t o, index_t i, const index_array<R>& shape, index_t* idx) {
+  for (std::size_t k = R; k-- > Axis + 1;) {
+    idx[k] = i % shape.v[k];
+    i /= shape.v[k];
+  }
+  idx[Axis] = 0;
+  for (std::size_t k = Axis; k-- > 0;) {
+    idx[k] = o % shape.v[k];
+    o /= shape.v[k];
+  }
+}
+
+/// Reads element j along the axis of the column (o, i): by linear offset when the
+/// operand reads linearly (Linear), else through its multi-index (Axis at compile time).
+template <class Ev, std::size_t R, std::size_t Axis, bool Linear>
+struct column_reader {
+  Ev ev;
+  index_array<R> shape;
+  index_t len, inner;
+  struct cursor {
+    index_t idx[Linear ? 1 : R];
+  };
+  LOCUS_HOST_DEVICE cursor start(index_t o, index_t i) const {
+    cursor c{};
+    if constexpr (Linear) c.idx[0] = o * len * inner + i;
+    else unravel_around_axis<Axis>(o, i, shape, c.idx);
+    return c;
+  }
+  LOCUS_HOST_DEVICE auto at(cursor& c, index_t j) const {
+    if constexpr (Linear) {
+      return ev.at_linear(c.idx[0] + j * inner);
+    } else {
+      c.idx[Axis] = j;
+      return ev.at_index(c.idx);
+    }
+  }
+};
+
+/// The accumulator of a tiled reduction K of dtype T: arg pairs for argmax/argmin, A for
+/// max/min (exact), wide_sum_t<A> (f64 for floating types, i64 for integers) for sums.
+template <reduce_kind K, class T>
+using tiled_acc_t = std::conditional_t<
+    K == reduce_kind::argmax || K == reduce_kind::argmin, arg_pair<acc_t<T>>,
+    std::conditional_t<K == reduce_kind::max || K == reduce_kind::min, acc_t<T>, wide_sum_t<acc_t<T>>>>;
+
+/// The per-thread, per-block and per-split pieces of a tiled reduction K along an axis
+/// (sum, mean, max, min, argmax, argmin; var as a sum of squared deviations from
+/// mean[], its second pass). Reader: column_reader.
+template <reduce_kind K, class T, class Reader>
+struct tiled_axis_reduce {
+  using A = acc_t<T>;
+  using W = wide_sum_t<A>;
+  using Acc = tiled_acc_t<K, T>;
+  using Out = reduce_result_t<K, T>;
+  static constexpr bool is_arg = K == reduce_kind::argmax || K == reduce_kind::argmin;
+  static constexpr bool is_extreme = K == reduce_kind::max || K == reduce_kind::min;
+  Reader rd;
+  column_tiles plan;
+  index_t outer, len, inner;
+  Out* out;            // the result [outer, inner]
+  Acc* partial;        // [splits, outer * inner] when plan.splits > 1
+  W* mean_out;         // var, first pass: the means go here instead of out
+  const W* mean_in;    // var, second pass: deviations from these
+  double divisor;      // var, second pass: max(0, len - correction)
+
+  LOCUS_HOST_DEVICE static Acc identity() {
+    if constexpr (is_arg) return arg_op<K == reduce_kind::argmax>::template identity<A>();
+    else if constexpr (K == reduce_kind::max) return max_op::identity<A>();
+    else if constexpr (K == reduce_kind::min) return min_op::identity<A>();
+    else return W(0);
+  }
+  LOCUS_HOST_DEVICE static Acc combine(Acc a, Acc b) {
+    if constexpr (is_arg) return arg_op<K == reduce_kind::argmax>{}(a, b);
+    else if constexpr (K == reduce_kind::max) return max_op{}(a, b);
+    else if constexpr (K == reduce_kind::min) return min_op{}(a, b);
+    else return add_wrapping(a, b);
+  }
+  /// Thread (column (o, i), rows j0, j0 + step, ... < j1).
+  LOCUS_HOST_DEVICE Acc thread_part(index_t o, index_t i, index_t j0, index_t j1, index_t step) const {
+    Acc acc = identity();
+    auto c = rd.start(o, i);
+    const W m = mean_in ? mean_in[o * inner + i] : W(0);
+    (void)m;
+    for (index_t j = j0; j < j1; j += step) {
+      const A v = static_cast<A>(rd.at(c, j));
+      if constexpr (is_arg) {
+        acc = combine(acc, arg_pair<A>{v, j});
+      } else if constexpr (is_extreme) {
+        acc = combine(acc, v);
+      } else if constexpr (K == reduce_kind::var) {
+        if (mean_in) {
+          const W d = static_cast<W>(v) - m;
+          acc += d * d;
+        } else {
+          acc += static_cast<W>(v);
+        }
+      } else {
+        acc = add_wrapping(acc, static_cast<W>(v));
+      }
+    }
+    return acc;
+  }
+  /// The result of column oi from its combined accumulator.
+  LOCUS_HOST_DEVICE void finish(index_t oi, Acc acc) const {
+    if constexpr (is_arg) {
+      out[oi] = acc.index;
+    } else if constexpr (is_extreme || K == reduce_kind::sum) {
+      out[oi] = store<Out>(acc);
+    } else if constexpr (K == reduce_kind::mean) {
+      out[oi] = store<Out>(len > 0 ? acc / static_cast<W>(len) : std::numeric_limits<W>::quiet_NaN());
+    } else {  // var
+      if (mean_out) mean_out[oi] = len > 0 ? acc / static_cast<W>(len) : std::numeric_limits<W>::quiet_NaN();
+      else out[oi] = store<Out>(acc / static_cast<W>(divisor));
+    }
+  }
+  /// Block (bx, split) after its threads: combines their partials in order y = 0, 1, ...
+  /// and finishes column oi, or stores its split's partial.
+  LOCUS_HOST_DEVICE void block_result(index_t oi, index_t split, Acc v) const {
+    if (plan.splits > 1) partial[split * outer * inner + oi] = v;
+    else finish(oi, v);
+  }
+  /// The second pass (one call per column): the splits in order.
+  struct combine_splits {
+    tiled_axis_reduce k;
+    LOCUS_HOST_DEVICE void operator()(index_t oi) const {
+      const index_t n = k.outer * k.inner;
+      Acc acc = k.partial[oi];
+      for (index_t s = 1; s < k.plan.splits; ++s) acc = combine(acc, k.partial[s * n + oi]);
+      k.finish(oi, acc);
+    }
+  };
+  /// Column (o, i) of block x's tile and its row range in split s.
+  LOCUS_HOST_DEVICE void locate(index_t bx, index_t tx, index_t& o, index_t& i) const {
+    o = bx / plan.col_tiles;
+    i = (bx % plan.col_tiles) * tile_cols + tx;
+  }
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  __device__ void block() const {
+    __shared__ Acc part[max_tile_rows][tile_cols];
+    index_t o, i;
+    locate(blockIdx.x, threadIdx.x, o, i);
+    const index_t s = blockIdx.y;
+    const index_t j1 = (s + 1) * plan.rows_per_split < len ? (s + 1) * plan.rows_per_split : len;
+    const bool live = i < inner;
+    part[threadIdx.y][threadIdx.x] =
+        live ? thread_part(o, i, s * plan.rows_per_split + threadIdx.y, j1, plan.tile_rows) : identity();
+    __syncthreads();
+    if (threadIdx.y == 0 && live) {
+      Acc v = part[0][threadIdx.x];
+      for (index_t y = 1; y < plan.tile_rows; ++y) v = combine(v, part[y][threadIdx.x]);
+      block_result(o * inner + i, s, v);
+    }
+  }
+#endif
+};
+
+/// Runs a tiled reduction on the host in the device's order (every block, every
+/// thread, the same combinations), for tests: the CPU suite checks what cuda runs.
+template <class F>
+void run_tiled_host(const F& k) {
+  using Acc = typename F::Acc;
+  const index_t n = k.outer * k.inner;
+  for (index_t s = 0; s < k.plan.splits; ++s) {
+    const index_t j1 = (s + 1) * k.plan.rows_per_split < k.len ? (s + 1) * k.plan.rows_per_split : k.len;
+    for (index_t bx = 0; bx < k.outer * k.plan.col_tiles; ++bx) {
+      for (index_t tx = 0; tx < tile_cols; ++tx) {
+        index_t o, i;
+        k.locate(bx, tx, o, i);
+        if (i >= k.inner) continue;
+        Acc v = k.thread_part(o, i, s * k.plan.rows_per_split, j1, k.plan.tile_rows);
+        for (index_t y = 1; y < k.plan.tile_rows; ++y)
+          v = F::combine(v, k.thread_part(o, i, s * k.plan.rows_per_split + y, j1, k.plan.tile_rows));
+        k.block_result(o * k.inner + i, s, v);
+      }
+    }
+  }
+  if (k.plan.splits > 1)
+    for (index_t oi = 0; oi < n; ++oi) typename F::combine_splits{k}(oi);
+}
 
 template <class Ev, std::size_t R>
 struct square_dev_reader {
@@ -423,14 +693,14 @@ void cub_segmented_reduce(In in, A* out, index_t segments, index_t len, Op op, A
 /// segment per output, coalesced reads): max and min in A (exact), sum and mean in
 /// wide_sum_t<A> (f64 for floating types, as the host blocks and the whole-tensor sums
 /// on cuda are combined: a long row does not drift; i64 for integers).
-template <reduce_kind K, class T, class Ev, std::size_t R, class Out>
+template <reduce_kind K, class T, bool Linear, class Ev, std::size_t R, class Out>
 void segmented_axis_reduce(Out* out, const Ev& ev, const index_array<R>& sh, index_t segments, index_t len) {
   using A = acc_t<T>;
   constexpr bool extreme = K == reduce_kind::max || K == reduce_kind::min;
   using W = std::conditional_t<extreme, A, wide_sum_t<A>>;
   using thrust::counting_iterator;
   using thrust::make_transform_iterator;
-  using Reader = flat_reader<Ev, R, false>;
+  using Reader = flat_reader<Ev, R, Linear>;  // Linear: at_linear, no div/mod per element
   auto in = make_transform_iterator(counting_iterator<index_t>(0), cast_reader<Reader, W>{Reader{ev, sh}});
   auto& alloc = allocator_for<cuda>();
   auto* acc = static_cast<W*>(alloc.allocate(static_cast<std::size_t>(segments) * sizeof(W)));
@@ -450,6 +720,103 @@ void segmented_axis_reduce(Out* out, const Ev& ev, const index_array<R>& sh, ind
   alloc.deallocate(acc);
 }
 #endif
+
+template <std::size_t R>
+void check_axis(std::size_t axis, const extents<R>& shape) {
+  if (axis >= R)
+    throw shape_error("locus: axis " + std::to_string(axis) + " is out of range for a tensor of rank " +
+                      std::to_string(R) + " (shape " + shape_string(shape) + ")");
+}
+
+/// Scratch memory from device D's allocator, returned at scope exit (stream-ordered on
+/// cuda: later work on the stream may reuse it, earlier work has used it).
+template <class D>
+struct scratch {
+  void* p = nullptr;
+  explicit scratch(std::size_t bytes) {
+    if (bytes > 0) p = allocator_for<D>().allocate(bytes);
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() {
+    if (p) allocator_for<D>().deallocate(p);
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(p);
+  }
+};
+
+/// One pass of a tiled reduction: the blocks, then (split axis) the combination of the
+/// splits, on D (host devices: run_tiled_host, the device's order).
+template <class D, class F>
+void run_tiled_pass(const F& k) {
+  if constexpr (D::host_accessible) {
+    run_tiled_host(k);
+  } else if constexpr (require_kernel_compiler<D>()) {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    launch_blocks(dim3(static_cast<unsigned>(k.outer * k.plan.col_tiles), static_cast<unsigned>(k.plan.splits)),
+                  dim3(static_cast<unsigned>(tile_cols), static_cast<unsigned>(k.plan.tile_rows)), k);
+    if (k.plan.splits > 1) launch_n<D>(k.outer * k.inner, typename F::combine_splits{k});
+#endif
+  }
+}
+
+/// Reduction K along the compile-time axis Axis of ev (shape sh) into out, tiled
+/// (cuda's path for every axis but the innermost; the host runs it only in tests).
+template <reduce_kind K, class T, class D, std::size_t Axis, bool Linear, class Ev, std::size_t R, class Out>
+void tiled_axis_reduce_run(Out* out, const Ev& ev, const index_array<R>& sh, double correction) {
+  index_t outer = 1, inner = 1;
+  for (std::size_t k = 0; k < Axis; ++k) outer *= sh.v[k];
+  for (std::size_t k = Axis + 1; k < R; ++k) inner *= sh.v[k];
+  const index_t len = sh.v[Axis];
+  const index_t n = outer * inner;
+  if (n == 0) return;
+  using Rd = column_reader<Ev, R, Axis, Linear>;
+  using F = tiled_axis_reduce<K, T, Rd>;
+  using Acc = typename F::Acc;
+  using W = typename F::W;
+  const column_tiles plan = plan_column_tiles(len, inner, outer);
+  scratch<D> partial(plan.splits > 1 ? static_cast<std::size_t>(plan.splits * n) * sizeof(Acc) : 0);
+  F f{Rd{ev, sh, len, inner}, plan, outer, len, inner, out, partial.template as<Acc>(), nullptr, nullptr,
+      var_divisor(len, correction)};
+  if constexpr (K == reduce_kind::var) {
+    scratch<D> mean(static_cast<std::size_t>(n) * sizeof(W));
+    F first = f;
+    first.mean_out = mean.template as<W>();
+    run_tiled_pass<D>(first);
+    f.mean_in = mean.template as<W>();
+    run_tiled_pass<D>(f);
+  } else {
+    run_tiled_pass<D>(f);
+  }
+}
+
+/// reduce K along `axis` of operand x with the tiled schedule, on x's device (a seam:
+/// the CPU suite runs the GPU's order through it; reductions themselves call it on cuda).
+template <reduce_kind K, class X>
+auto reduce_axis_tiled(const X& x, std::size_t axis, double correction = 1.0) {
+  const auto e = to_expr(x);
+  using E = decltype(e);
+  using T = typename E::value_type;
+  using D = typename E::device;
+  constexpr std::size_t R = E::rank;
+  const auto shape = e.shape();
+  check_axis(axis, shape);
+  extents<R - 1> oshape{};
+  for (std::size_t k = 0, j = 0; k < R; ++k)
+    if (k != axis) oshape[j++] = shape[k];
+  tensor<reduce_result_t<K, T>, D, R - 1> out(oshape);
+  index_array<R> sh{};
+  for (std::size_t k = 0; k < R; ++k) sh.v[k] = shape[k];
+  const auto ev = e.make_eval(shape);
+  const bool linear = e.linear_ok(shape);
+  with_static_axis<R>(axis, [&](auto ax) {
+    if (linear) tiled_axis_reduce_run<K, T, D, decltype(ax)::value, true>(out.data_handle(), ev, sh, correction);
+    else tiled_axis_reduce_run<K, T, D, decltype(ax)::value, false>(out.data_handle(), ev, sh, correction);
+  });
+  return out;
+}
 
 /// Whole-tensor reduction through reader rd (element i of the expression) into result.
 template <reduce_kind K, class T, class D, class Ev, std::size_t R, class Reader>
@@ -550,12 +917,6 @@ auto reduce_all(const E& e, double correction) {
   return result;
 }
 
-template <std::size_t R>
-void check_axis(std::size_t axis, const extents<R>& shape) {
-  if (axis >= R)
-    throw shape_error("locus: axis " + std::to_string(axis) + " is out of range for a tensor of rank " +
-                      std::to_string(R) + " (shape " + shape_string(shape) + ")");
-}
 
 /// Reduction along one axis; KeepDim chooses rank R or R-1.
 template <reduce_kind K, bool KeepDim, class E>
@@ -587,20 +948,38 @@ auto reduce_axis_checked(const E& e, std::size_t axis, double correction) {
   for (std::size_t k = 0; k < R; ++k) sh.v[k] = shape[k];
   const auto ev = e.make_eval(shape);
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-  // cuda, innermost axis: a segmented CUB reduction reads each row coalesced (one thread
-  // per output would stride through memory). Other axes: one thread per output reads
-  // neighbouring columns, already coalesced.
-  if constexpr (std::is_same_v<D, cuda> && (K == reduce_kind::sum || K == reduce_kind::mean ||
-                                            K == reduce_kind::max || K == reduce_kind::min)) {
-    if (axis == R - 1 && len > 0 && out.numel() > 0) {
-      segmented_axis_reduce<K, T>(out.data_handle(), ev, sh, out.numel(), len);
+  // cuda: every axis but the innermost is a tiled column reduction (warps read rows
+  // coalesced, the axis a compile-time constant); the innermost axis is a segmented CUB
+  // reduction for sum, mean, max and min (rows read coalesced, linearly when the operand
+  // is contiguous) and one thread per row for argmax, argmin and var.
+  if constexpr (std::is_same_v<D, cuda>) {
+    if (out.numel() == 0) return out;
+    const bool linear = e.linear_ok(shape);
+    if (axis + 1 < R) {
+      with_static_axis<R>(axis, [&](auto ax) {
+        if (linear) tiled_axis_reduce_run<K, T, D, decltype(ax)::value, true>(out.data_handle(), ev, sh, correction);
+        else tiled_axis_reduce_run<K, T, D, decltype(ax)::value, false>(out.data_handle(), ev, sh, correction);
+      });
       return out;
     }
-  }
+    if constexpr (K == reduce_kind::sum || K == reduce_kind::mean || K == reduce_kind::max ||
+                  K == reduce_kind::min) {
+      if (len > 0) {
+        if (linear) segmented_axis_reduce<K, T, true>(out.data_handle(), ev, sh, out.numel(), len);
+        else segmented_axis_reduce<K, T, false>(out.data_handle(), ev, sh, out.numel(), len);
+        return out;
+      }
+    }
+    launch_n<D>(out.numel(),
+                axis_reduce_kernel<K, T, decltype(ev), R, R - 1>{out.data_handle(), ev, sh, axis, len, correction}, len);
+    return out;
+  } else
 #endif
-  launch_n<D>(out.numel(), axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction},
-              len);
-  return out;
+  {
+    launch_n<D>(out.numel(),
+                axis_reduce_kernel<K, T, decltype(ev), R>{out.data_handle(), ev, sh, axis, len, correction}, len);
+    return out;
+  }
 }
 
 template <reduce_kind K, bool KeepDim, class E>

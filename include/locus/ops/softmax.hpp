@@ -1,12 +1,16 @@
 // Rows for training: softmax and log_softmax along an axis (numerically stable: the
 // row maximum is subtracted before exp), and one_hot. One kernel source for every
-// device: a functor per row (every position of the other axes) that makes three
-// passes over the row — max, sum of exponentials, write — with a faster form for the
-// innermost axis of a linearly readable operand.
+// device: per-thread pieces that make one online pass over (part of) a row for its
+// maximum and sum of exponentials and one pass that writes. The host runs a row per
+// call; cuda runs a warp per row (up to 1024 elements), a block per row (longer rows:
+// a 50k-class row is read by 512 threads, coalesced) or, along an axis that is not the
+// innermost, 32 neighbouring columns per warp (coalesced) with the axis split over 16
+// row groups. The axis is a compile-time constant in every kernel.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -17,75 +21,156 @@ namespace locus {
 
 namespace detail {
 
-template <class T, bool Log, class Ev, std::size_t R>
-struct softmax_row_kernel {
-  T* out;
-  index_array<R> ost;  // output strides (contiguous)
-  Ev ev;
-  index_array<R> shape;
-  std::size_t axis;
-  LOCUS_HOST_DEVICE void operator()(index_t row) const {
-    using C = compute_t<T>;
-    index_t idx[R];
-    unravel_except_axis(row, shape, axis, idx);
-    index_t base = 0;
-    for (std::size_t k = 0; k < R; ++k) base += idx[k] * ost.v[k];
-    const index_t len = shape.v[axis], step = ost.v[axis];
-    C m = -C(1) / C(0);  // -inf
-    for (index_t j = 0; j < len; ++j) {
-      idx[axis] = j;
-      m = op::maximum{}(m, static_cast<C>(ev.at_index(idx)));
-    }
-    C s = 0;
-    for (index_t j = 0; j < len; ++j) {
-      idx[axis] = j;
-      s += m_exp(static_cast<C>(ev.at_index(idx)) - m);
-    }
-    const C log_s = m_log(s);
-    const C inv_s = C(1) / s;
-    for (index_t j = 0; j < len; ++j) {
-      idx[axis] = j;
-      const C z = static_cast<C>(ev.at_index(idx)) - m;
-      out[base + j * step] = store<T>(Log ? z - log_s : m_exp(z) * inv_s);
+/// The online maximum and sum of exponentials of a row (Milakov & Gimelshein, "Online
+/// normalizer calculation for softmax", 2018): one read gives both, s being the sum of
+/// exp(v - m) for the running maximum m, rescaled when m grows. Partial states of
+/// parts of a row merge (merge is commutative bit for bit, so a warp's butterfly gives
+/// every lane the same state). A row whose maximum is not finite (+inf, or every value
+/// -inf) or that holds a NaN has sum() NaN: every output of such a row is NaN, as the
+/// three-pass form gave (exp(inf - inf), exp(-inf - -inf) and NaN all propagate).
+template <class C>
+struct online_softmax {
+  C m;  // the running maximum (-inf before any value)
+  C s;  // sum of exp(v - m)
+  LOCUS_HOST_DEVICE static online_softmax start() { return {-std::numeric_limits<C>::infinity(), C(0)}; }
+  LOCUS_HOST_DEVICE void add(C v) {
+    if (v > m) {
+      s = s * m_exp(m - v) + C(1);  // m = -inf: s * 0 + 1
+      m = v;
+    } else if (v != -std::numeric_limits<C>::infinity()) {
+      s += m_exp(v - m);  // NaN v, or v = m = +inf: NaN
     }
   }
+  LOCUS_HOST_DEVICE static online_softmax merge(online_softmax a, online_softmax b) {
+    const C m = a.m > b.m ? a.m : b.m;
+    const C ta = a.m == m ? a.s : a.s * m_exp(a.m - m);  // a.m = -inf < m: 0 (NaN stays NaN)
+    const C tb = b.m == m ? b.s : b.s * m_exp(b.m - m);
+    return {m, ta + tb};
+  }
+  /// The row's sum of exp(v - m), NaN when m is not finite.
+  LOCUS_HOST_DEVICE C sum() const { return (m - m) == C(0) ? s : std::numeric_limits<C>::quiet_NaN(); }
 };
 
-// The common case: softmax along the innermost axis of an expression that can be read
-// by linear index (contiguous operands of the output's shape). Rows are contiguous, so
-// the row is read with at_linear (no index arithmetic); softmax writes exp(z) while
-// summing and then scales what it wrote, as a hand-written loop does.
-template <class T, bool Log, class Ev>
-struct softmax_last_axis_kernel {
-  T* out;
-  Ev ev;
-  index_t len;
-  LOCUS_HOST_DEVICE void operator()(index_t row) const {
-    using C = compute_t<T>;
-    const index_t base = row * len;
-    T* o = out + base;
-    C m = -C(1) / C(0);  // -inf
-    for (index_t j = 0; j < len; ++j) m = op::maximum{}(m, static_cast<C>(ev.at_linear(base + j)));
-    C s = 0;
-    if constexpr (Log) {
-      for (index_t j = 0; j < len; ++j) s += m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
-      const C log_s = m_log(s);  // (x - m) - log_s: x - (m + log_s) would round away small results
-      for (index_t j = 0; j < len; ++j) o[j] = store<T>((static_cast<C>(ev.at_linear(base + j)) - m) - log_s);
-    } else if constexpr (std::is_same_v<T, C>) {
-      for (index_t j = 0; j < len; ++j) {
-        const C v = m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
-        o[j] = v;
-        s += v;
-      }
-      const C inv_s = C(1) / s;
-      for (index_t j = 0; j < len; ++j) o[j] *= inv_s;
-    } else {  // half output: keep the unrounded exponentials out of the stored row
-      for (index_t j = 0; j < len; ++j) s += m_exp(static_cast<C>(ev.at_linear(base + j)) - m);
-      const C inv_s = C(1) / s;
-      for (index_t j = 0; j < len; ++j) o[j] = store<T>(m_exp(static_cast<C>(ev.at_linear(base + j)) - m) * inv_s);
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+/// Every lane of the warp gets the merge of all 32 lanes' states (butterfly).
+template <class C>
+__device__ inline online_softmax<C> warp_merge(online_softmax<C> st) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const online_softmax<C> o{__shfl_xor_sync(0xffffffffu, st.m, off), __shfl_xor_sync(0xffffffffu, st.s, off)};
+    st = online_softmax<C>::merge(st, o);
+  }
+  return st;
+}
+#endif
+
+/// How a row kernel maps rows to threads on cuda: a warp per row (rows up to
+/// row_warp_max elements, 8 rows per block), a block of row_block_threads per row
+/// (longer rows), or 32 columns x 16 row groups per block (softmax along an axis that
+/// is not the innermost: the "rows" are columns of a row-major [outer, len, inner]).
+enum class row_mode { warp_rows, block_rows, column_tiles };
+inline constexpr index_t row_warp_max = 1024;
+inline constexpr index_t rows_per_warp_block = 8;
+inline constexpr index_t row_block_threads = 512;
+inline row_mode choose_row_mode(index_t len, index_t inner) {
+  if (inner > 1) return row_mode::column_tiles;
+  return len <= row_warp_max ? row_mode::warp_rows : row_mode::block_rows;
+}
+
+/// Softmax (or log-softmax, Log) of every line of a [outer, len, inner] operand: one
+/// online pass for the maximum and the sum, one pass that writes. The per-thread pieces
+/// are the same on every device; the host runs one line per call.
+template <class T, bool Log, class Reader>
+struct softmax_lines {
+  using C = compute_t<T>;
+  using state = online_softmax<C>;
+  T* out;  // contiguous, the operand's shape
+  Reader rd;
+  index_t outer, len, inner;
+  row_mode mode;
+  LOCUS_HOST_DEVICE state part(index_t o, index_t i, index_t j0, index_t step) const {
+    state st = state::start();
+    auto c = rd.start(o, i);
+    for (index_t j = j0; j < len; j += step) st.add(static_cast<C>(rd.at(c, j)));
+    return st;
+  }
+  LOCUS_HOST_DEVICE void write(index_t o, index_t i, index_t j0, index_t step, state st) const {
+    const C s = st.sum();
+    const C log_s = m_log(s);  // (x - m) - log_s: x - (m + log_s) would round away small results
+    const C inv_s = C(1) / s;
+    auto c = rd.start(o, i);
+    T* base = out + o * len * inner + i;
+    for (index_t j = j0; j < len; j += step) {
+      const C z = static_cast<C>(rd.at(c, j)) - st.m;
+      base[j * inner] = store<T>(Log ? z - log_s : m_exp(z) * inv_s);
     }
   }
+  /// Host: line l = (o, i), whole.
+  LOCUS_HOST_DEVICE void operator()(index_t l) const {
+    const index_t o = l / inner, i = l % inner;
+    write(o, i, 0, 1, part(o, i, 0, 1));
+  }
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  __device__ void block() const {
+    if (mode == row_mode::column_tiles) {
+      __shared__ C pm[max_tile_rows][tile_cols], ps[max_tile_rows][tile_cols];
+      const index_t col_tiles = (inner + tile_cols - 1) / tile_cols;
+      const index_t o = blockIdx.x / col_tiles, i = (blockIdx.x % col_tiles) * tile_cols + threadIdx.x;
+      const bool live = i < inner;
+      const state st = live ? part(o, i, threadIdx.y, blockDim.y) : state::start();
+      pm[threadIdx.y][threadIdx.x] = st.m;
+      ps[threadIdx.y][threadIdx.x] = st.s;
+      __syncthreads();
+      if (!live) return;
+      state all{pm[0][threadIdx.x], ps[0][threadIdx.x]};
+      for (unsigned y = 1; y < blockDim.y; ++y) all = state::merge(all, state{pm[y][threadIdx.x], ps[y][threadIdx.x]});
+      write(o, i, threadIdx.y, blockDim.y, all);
+      return;
+    }
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (mode == row_mode::warp_rows) {
+      const index_t row = static_cast<index_t>(blockIdx.x) * rows_per_warp_block + warp;
+      if (row >= outer) return;
+      const state st = warp_merge(part(row, 0, lane, 32));
+      write(row, 0, lane, 32, st);
+      return;
+    }
+    __shared__ C wm[32], ws[32];
+    const index_t row = blockIdx.x;
+    state st = warp_merge(part(row, 0, threadIdx.x, blockDim.x));
+    if (lane == 0) {
+      wm[warp] = st.m;
+      ws[warp] = st.s;
+    }
+    __syncthreads();
+    st = state{wm[0], ws[0]};
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) st = state::merge(st, state{wm[w], ws[w]});
+    write(row, 0, threadIdx.x, blockDim.x, st);
+  }
+#endif
 };
+
+/// Runs softmax_lines on device D: one line per call on the host; the row mode's grid
+/// on cuda.
+template <class D, class F>
+void run_softmax_lines(const F& f) {
+  if constexpr (D::host_accessible) {
+    launch_n<D>(f.outer * f.inner, f, f.len);
+  } else if constexpr (require_kernel_compiler<D>()) {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    if (f.mode == row_mode::column_tiles) {
+      const column_tiles p = plan_column_tiles(f.len, f.inner, f.outer);
+      launch_blocks(dim3(static_cast<unsigned>(f.outer * p.col_tiles)),
+                    dim3(static_cast<unsigned>(tile_cols), static_cast<unsigned>(p.tile_rows)), f);
+    } else if (f.mode == row_mode::warp_rows) {
+      launch_blocks(dim3(static_cast<unsigned>((f.outer + rows_per_warp_block - 1) / rows_per_warp_block)),
+                    dim3(static_cast<unsigned>(32 * rows_per_warp_block)), f);
+    } else {
+      launch_blocks(dim3(static_cast<unsigned>(f.outer)), dim3(static_cast<unsigned>(row_block_threads)), f);
+    }
+#endif
+  }
+}
 
 template <bool Log, class X>
 auto softmax_impl(const X& x, std::size_t axis) {
@@ -108,21 +193,25 @@ auto softmax_impl(const X& x, std::size_t axis) {
     check_axis(axis, shape);
     tensor<T, D, R> out(shape);
     if (out.numel() == 0) return out;
-    index_array<R> sh{}, st{};
-    const auto strides = contiguous_strides(shape);
-    for (std::size_t k = 0; k < R; ++k) {
-      sh.v[k] = shape[k];
-      st.v[k] = strides[k];
-    }
-    const index_t rows = out.numel() / shape[axis];
+    index_array<R> sh{};
+    for (std::size_t k = 0; k < R; ++k) sh.v[k] = shape[k];
     const auto ev = e.make_eval(shape);
-    if (axis == R - 1 && e.linear_ok(shape)) {
-      launch_n<D>(rows, softmax_last_axis_kernel<T, Log, decltype(ev)>{out.data_handle(), ev, shape[axis]},
-                  shape[axis]);
-      return out;
-    }
-    launch_n<D>(rows, softmax_row_kernel<T, Log, decltype(ev), R>{out.data_handle(), st, ev, sh, axis},
-                shape[axis]);
+    const bool linear = e.linear_ok(shape);
+    with_static_axis<R>(axis, [&](auto ax) {
+      constexpr std::size_t A = decltype(ax)::value;
+      index_t outer = 1, inner = 1;
+      for (std::size_t k = 0; k < A; ++k) outer *= shape[k];
+      for (std::size_t k = A + 1; k < R; ++k) inner *= shape[k];
+      const index_t len = shape[A];
+      const row_mode mode = choose_row_mode(len, inner);
+      auto go = [&](auto rd) {
+        run_softmax_lines<D>(softmax_lines<T, Log, decltype(rd)>{out.data_handle(), rd, outer, len, inner, mode});
+      };
+      // The innermost axis reads through the same code linearly or not: the same sums in
+      // the same order, so a strided view and its contiguous copy agree to the bit.
+      if (linear) go(column_reader<decltype(ev), R, A, true>{ev, sh, len, inner});
+      else go(column_reader<decltype(ev), R, A, false>{ev, sh, len, inner});
+    });
     return out;
   }
 }
