@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <new>
+#define LOCUS_TRANSLATE_THRUST_ERRORS 1  // the thrust::system_error translation, tested on the host
 #include <thrust/system/error_code.h>
 #include <thrust/system_error.h>
 

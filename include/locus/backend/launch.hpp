@@ -25,7 +25,6 @@
 #include <exception>
 #include <new>
 #include <string_view>
-#include <thrust/system_error.h>
 
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -44,6 +43,15 @@
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "../core/rules.hpp"
+
+// thrust::system_error only where Thrust launches CUDA work (nvcc): on a host compiler
+// the header pulls <iostream> and CCCL's <cuda/functional> into every user file
+// (bench/compile-time). LOCUS_TRANSLATE_THRUST_ERRORS lets a host test check the
+// translation itself.
+#if (LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER) || defined(LOCUS_TRANSLATE_THRUST_ERRORS)
+#include <thrust/system_error.h>
+#define LOCUS_DETAIL_THRUST_SYSTEM_ERROR 1
+#endif
 
 #if LOCUS_HAS_CUDA
 #include "cuda/runtime.hpp"
@@ -80,8 +88,10 @@ decltype(auto) translate_launch_errors(const char* call, const char* file, int l
     return f();
   } catch (const ::locus::error&) {
     throw;
+#if defined(LOCUS_DETAIL_THRUST_SYSTEM_ERROR)
   } catch (const thrust::system_error& e) {
     throw ::locus::cuda_error(call, file, line, e.code().value(), e.what());
+#endif
   } catch (const std::bad_alloc& e) {
     throw ::locus::cuda_error(call, file, line, launch_alloc_code, e.what());
   } catch (const std::exception& e) {
