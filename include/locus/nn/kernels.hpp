@@ -385,14 +385,36 @@ struct cross_entropy_kernel {
     for (index_t j = j0; j < k; j += step) st.add(static_cast<A>(load(row[j])), j);
     return st;
   }
-  /// The row's loss and accuracy (one thread per row).
+  /// The state of a whole row in two passes (the host's form: the maximum, then the sum
+  /// of exponentials in f64 for f32 and half logits; one long online sum would rescale at
+  /// every new maximum, an ulp each time).
+  LOCUS_HOST_DEVICE state whole(index_t i) const {
+    using W = typename state::W;
+    const T* row = x + i * k;
+    state st = state::start();
+    for (index_t j = 0; j < k; ++j) {
+      const A v = static_cast<A>(load(row[j]));
+      st.os.m = op::maximum{}(st.os.m, v);  // NaN propagates
+      st.sum += static_cast<W>(v);
+      st.best = arg_op<true>{}(st.best, arg_pair<A>{v, j});
+    }
+    W s(0);
+    for (index_t j = 0; j < k; ++j) s += static_cast<W>(m_exp(static_cast<A>(load(row[j])) - st.os.m));
+    st.os.s = static_cast<A>(s);
+    return st;
+  }
+  /// The row's loss and accuracy (one thread per row), formed in f64 for f32 logits (the
+  /// smoothing term sums k log-probabilities: k * 3e38 does not fit a float).
   LOCUS_HOST_DEVICE void finish_row(index_t i, std::int64_t label, const state& st) const {
-    const A m = st.os.m, log_s = m_log(st.os.sum());
-    const A zy = static_cast<A>(load(x[i * k + label])) - m;
-    const A kk = static_cast<A>(k);
-    const A sum_z = static_cast<A>(st.sum - static_cast<typename state::W>(kk) * static_cast<typename state::W>(m));
+    using W = typename state::W;
+    const W m = st.os.m, log_s = m_log(static_cast<W>(st.os.sum()));
+    const W zy = static_cast<W>(static_cast<A>(load(x[i * k + label]))) - m;
+    const W kk = static_cast<W>(k), e = static_cast<W>(eps);
+    const W sum_z = st.sum - kk * m;
     // -(1 - eps) log p_y - eps / k sum_j log p_j, log p_j = z_j - log s
-    row_loss[i] = -(A(1) - eps) * (zy - log_s) - eps / kk * (sum_z - kk * log_s);
+    // (without smoothing the second term is absent, not 0 * (-inf) = NaN for a -inf logit)
+    const W nll = -(W(1) - e) * (zy - log_s);
+    row_loss[i] = static_cast<A>(eps > A(0) ? nll - e / kk * (sum_z - kk * log_s) : nll);
     if (row_correct) row_correct[i] = st.best.index == label ? A(1) : A(0);
   }
   /// The gradient of row i at j0, j0 + step, ... (zeros for a bad label).
@@ -422,7 +444,7 @@ struct cross_entropy_kernel {
       write_grad(i, label, false, state::start(), 0, 1);
       return;
     }
-    const state st = part(i, 0, 1);
+    const state st = whole(i);
     finish_row(i, label, st);
     write_grad(i, label, true, st, 0, 1);
   }

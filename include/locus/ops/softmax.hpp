@@ -105,10 +105,22 @@ struct softmax_lines {
       base[j * inner] = store<T>(Log ? z - log_s : m_exp(z) * inv_s);
     }
   }
+  /// The state of a whole line in two passes (the host's form: the row is in cache, and
+  /// one long online sum would rescale at every new maximum, an ulp each time): the
+  /// maximum, then the sum of exponentials in f64 for f32 and half rows.
+  LOCUS_HOST_DEVICE state whole(index_t o, index_t i) const {
+    using Wd = std::conditional_t<std::is_same_v<C, float>, double, C>;
+    auto c = rd.start(o, i);
+    C m = -std::numeric_limits<C>::infinity();
+    for (index_t j = 0; j < len; ++j) m = op::maximum{}(m, static_cast<C>(rd.at(c, j)));  // NaN propagates
+    Wd sum(0);
+    for (index_t j = 0; j < len; ++j) sum += static_cast<Wd>(m_exp(static_cast<C>(rd.at(c, j)) - m));
+    return {m, static_cast<C>(sum)};
+  }
   /// Host: line l = (o, i), whole.
   LOCUS_HOST_DEVICE void operator()(index_t l) const {
     const index_t o = l / inner, i = l % inner;
-    write(o, i, 0, 1, part(o, i, 0, 1));
+    write(o, i, 0, 1, whole(o, i));
   }
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
   __device__ void block() const {
