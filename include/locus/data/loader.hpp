@@ -331,7 +331,7 @@ class loader {
     try {
 #if LOCUS_HAS_CUDA
       std::optional<event> consumer_ready;
-      staging_in_flight staging;  // declared after nothing it must outlive: waits, then frees
+      staging_in_flight staging;  // destroyed last: waits for the side stream, then frees
       if constexpr (is_cuda) {
         LOCUS_CUDA_CHECK(cudaSetDevice(cuda_.device));
         consumer_ready.emplace();
@@ -367,6 +367,10 @@ class loader {
             consumer_ready->record();
           }
           const cudaStream_t side = cuda_.side->native_handle();
+          // Used by the side stream's copy: freed unconsumed (or on an error below), the
+          // blocks are not reused before it is done.
+          locus::detail::record_on_stream(b.x, side);
+          locus::detail::record_on_stream(b.y, side);
           cuda_.side->wait(*consumer_ready);
           event copied;
           // From here on the staging must outlive the copies: it goes into `staging`
@@ -379,8 +383,6 @@ class loader {
                                            cudaMemcpyHostToDevice, side));
           staging.record_newest();
           copied.record(*cuda_.side);
-          locus::detail::record_on_stream(b.x, side);  // freed unconsumed: not reused under the copy
-          locus::detail::record_on_stream(b.y, side);
           it.b.emplace(std::move(b));
           it.copied.emplace(std::move(copied));
 #endif

@@ -274,7 +274,7 @@ class raw_stream_guard {
  private:
   int device_;
   device_scope on_device_;  // restored after the stream (members are destroyed in reverse)
-  cudaStream_t previous_ = nullptr;
+  cudaStream_t previous_ = default_stream();
 };
 }  // namespace detail
 
