@@ -257,3 +257,138 @@ TEST_CASE_TEMPLATE("every reduction along every axis of random f32 and bf16 and 
   check_axis_reductions(locus::randn<locus::bf16, D>({5, 67, 300}, 83, 0.5, 2.0), 1e-2);
   check_axis_reductions(locus::randn<locus::f16, D>({5, 67, 300}, 84, 0.5, 2.0), 2e-3);
 }
+
+namespace locus_reduce_test {
+/// Softmax rows of [rows, n] with specials: row 0 random, row 1 with -inf entries (their
+/// probability 0), row 2 (when rows > 2) holding a NaN, row 3 every value -inf, row 4 a
+/// +inf, row 5 one huge logit (3e38) and one -3e38.
+inline std::vector<float> special_rows(locus::index_t rows, locus::index_t n, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(rows * n));
+  std::uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 16.0 - 8.0);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  auto at = [&](locus::index_t r, locus::index_t j) -> float& { return v[static_cast<std::size_t>(r * n + j)]; };
+  if (rows > 1 && n > 1) at(1, 0) = at(1, n - 1) = -inf;
+  if (rows > 2) at(2, n / 2) = std::numeric_limits<float>::quiet_NaN();
+  if (rows > 3)
+    for (locus::index_t j = 0; j < n; ++j) at(3, j) = -inf;
+  if (rows > 4) at(4, n - 1) = inf;
+  if (rows > 5 && n > 2) at(5, 1) = 3e38f, at(5, 2) = -3e38f;
+  return v;
+}
+
+/// softmax / log_softmax of one row against double; NaN rows all NaN.
+inline void check_softmax_row(const std::vector<float>& row, const double* sm, const double* ls, locus::index_t stride) {
+  double m = -INFINITY;
+  bool nan = false;
+  for (float x : row) nan |= std::isnan(x), m = std::max(m, double(x));
+  const bool nan_row = nan || !std::isfinite(m);
+  double s = 0;
+  if (!nan_row)
+    for (float x : row) s += std::exp(double(x) - m);
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    const double got_s = sm[j * std::size_t(stride)], got_l = ls[j * std::size_t(stride)];
+    if (nan_row) {
+      if (!std::isnan(got_s) || !std::isnan(got_l)) {
+        FAIL_CHECK("element " << j << " of a NaN row: " << got_s << ", " << got_l);
+        return;
+      }
+      continue;
+    }
+    const double lp = (double(row[j]) - m) - std::log(s);
+    const bool ok_s = lp == -INFINITY ? got_s == 0.0
+                                      : std::abs(got_s - std::exp(lp)) <= (4e-7 * std::max(1.0, -lp) + 1e-5) * std::exp(lp) + 1e-37;
+    const bool ok_l = lp < -3.4028234663852886e38 ? got_l == -INFINITY : std::abs(got_l - lp) <= 1e-5 * std::max(1.0, -lp);
+    if (!ok_s || !ok_l) {
+      FAIL_CHECK("element " << j << " of " << row.size() << ": softmax " << got_s << " want " << std::exp(lp)
+                            << ", log_softmax " << got_l << " want " << lp);
+      return;
+    }
+  }
+}
+}  // namespace locus_reduce_test
+
+TEST_CASE_TEMPLATE("softmax of special rows matches a double reference in every row mode (warp, block, column)", D,
+                   LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  // widths: 1, the main job's 10, not a multiple of 32, the warp/block boundary, a vocabulary
+  for (locus::index_t n : {locus::index_t(1), locus::index_t(10), locus::index_t(33), locus::index_t(1024),
+                           locus::index_t(1025), locus::index_t(50257)}) {
+    INFO("width " << n);
+    const locus::index_t rows = 6;
+    const auto v = special_rows(rows, n, std::uint64_t(n));
+    auto x = locus::from_host<D>(v, {rows, n});
+    auto xt = locus::eval(locus::transpose(x) * 1.0f);  // [n, rows]: softmax along axis 0 (columns)
+    const auto S = doubles(locus::softmax(x, 1)), L = doubles(locus::log_softmax(x, 1));
+    const auto ST = doubles(locus::softmax(xt, 0)), LT = doubles(locus::log_softmax(xt, 0));
+    // the strided view along its innermost axis reads through the same kernel: same bits
+    const auto SV = doubles(locus::softmax(locus::transpose(xt), 1));
+    for (locus::index_t r = 0; r < rows; ++r) {
+      INFO("row " << r);
+      const std::vector<float> row(v.begin() + r * n, v.begin() + (r + 1) * n);
+      check_softmax_row(row, S.data() + r * n, L.data() + r * n, 1);
+      check_softmax_row(row, ST.data() + r, LT.data() + r, rows);
+    }
+    for (std::size_t k = 0; k < S.size(); ++k)
+      if (!(S[k] == SV[k] || (std::isnan(S[k]) && std::isnan(SV[k])))) {
+        FAIL_CHECK("strided and contiguous softmax differ at " << k);
+        break;
+      }
+  }
+}
+
+TEST_CASE_TEMPLATE("reductions along a leading axis of adversarial shapes match a double reference", D,
+                   LOCUS_TEST_DEVICES) {
+  using namespace locus_reduce_test;
+  // [100000, 3] along axis 0: three columns, the axis split over many blocks on cuda
+  const auto v = special_rows(100000, 3, 5);
+  std::vector<float> clean(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) clean[i] = std::abs(v[i]) < 1e30f ? v[i] : 0.5f;  // finite, no overflow
+  clean[3 * 777 + 1] = std::numeric_limits<float>::quiet_NaN();  // column 1 only
+  auto x = locus::from_host<D>(clean, {100000, 3});
+  const auto S = doubles(locus::sum(x, 0)), MX = doubles(locus::max(x, 0)), AM = doubles(locus::argmax(x, 0));
+  const auto V = doubles(locus::var(x, 0));
+  for (int c = 0; c < 3; ++c) {
+    double s = 0, mx = -INFINITY, ss = 0, mag = 0;
+    std::size_t am = 0;
+    for (std::size_t r = 0; r < 100000; ++r) {
+      const double e = clean[r * 3 + std::size_t(c)];
+      s += e;
+      mag += std::abs(e);
+      if (e > mx) mx = e, am = r;
+    }
+    for (std::size_t r = 0; r < 100000; ++r) ss += (clean[r * 3 + std::size_t(c)] - s / 1e5) * (clean[r * 3 + std::size_t(c)] - s / 1e5);
+    if (c == 1) {
+      CHECK(std::isnan(S[1]));
+      CHECK(std::isnan(MX[1]));
+      CHECK(AM[1] == 777.0);  // the first NaN
+      CHECK(std::isnan(V[1]));
+      continue;
+    }
+    // f32 partial sums (host blocks) or f64 (cuda threads): within 2e-6 of the magnitude
+    CHECK(std::abs(S[std::size_t(c)] - s) <= 2e-6 * mag);
+    CHECK(MX[std::size_t(c)] == mx);
+    CHECK(AM[std::size_t(c)] == double(am));
+    CHECK(rel(V[std::size_t(c)], ss / (1e5 - 1)) <= 1e-5);
+  }
+  // 1 x 1, a zero-length axis (sum 0, mean NaN), widths around the tile
+  auto one = locus::full<float, D>({1, 1}, 2.5f);
+  CHECK(doubles(locus::sum(one, 0))[0] == 2.5);
+  CHECK(doubles(locus::argmin(one, 0))[0] == 0.0);
+  auto e = locus::zeros<float, D>({0, 5});
+  for (double s : doubles(locus::sum(e, 0))) CHECK(s == 0.0);
+  for (double m : doubles(locus::mean(e, 0))) CHECK(std::isnan(m));
+  for (locus::index_t w : {locus::index_t(31), locus::index_t(32), locus::index_t(33), locus::index_t(65)}) {
+    auto t = locus::randn<double, D>({17, w}, std::uint64_t(w));
+    const auto T = doubles(t), ST = doubles(locus::sum(t, 0)), MN = doubles(locus::min(t, 0));
+    for (locus::index_t c = 0; c < w; ++c) {
+      double s = 0, mn = INFINITY;
+      for (locus::index_t r = 0; r < 17; ++r) s += T[std::size_t(r * w + c)], mn = std::min(mn, T[std::size_t(r * w + c)]);
+      CHECK(rel(ST[std::size_t(c)], s) <= 1e-12);
+      CHECK(MN[std::size_t(c)] == mn);
+    }
+  }
+}
