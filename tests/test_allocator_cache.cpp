@@ -556,18 +556,27 @@ TEST_CASE("limits: the usual segment shrinks to the request, lowering the limit 
   CHECK(a.stats().reserved_bytes == 3 * MiB);
   use(a, p, B);
   a.deallocate(p);  // pending on B
-  void* q = a.allocate(2 * MiB);  // needs p's segment back: one synchronize, then it is freed
+  void* q = a.allocate(2 * MiB);  // no room for a segment: one synchronize, and p's block serves it
+  CHECK(q == p);
+  CHECK(a.block_size(q) == 3 * MiB);  // the 1 MiB rest is not split off a large segment
   CHECK(r.syncs == 1);
+  CHECK(r.raw_frees == 0);
+  CHECK(a.stats().cache_hits == 1);
+  use(a, q, B);
+  a.deallocate(q);  // pending again
+  void* big = a.allocate(4 * MiB);  // p's block cannot serve it: synchronize once, return p's segment
+  CHECK(r.syncs == 2);
   CHECK(r.raw_frees == 1);
-  CHECK(r.reserved == 2 * MiB);
-  a.deallocate(q);
-  a.set_limit(std::numeric_limits<std::size_t>::max());
-  void* big = a.allocate(3 * MiB);  // the cached 2 MiB does not fit: a 20 MiB segment
+  CHECK(r.reserved == 4 * MiB);
   a.deallocate(big);
-  CHECK(r.reserved == 22 * MiB);
+  a.set_limit(std::numeric_limits<std::size_t>::max());
+  void* l = a.allocate(5 * MiB);  // the cached 4 MiB does not fit: a 20 MiB segment
+  a.deallocate(l);
+  CHECK(r.reserved == 24 * MiB);
   a.set_limit(5 * MiB);  // returns the 20 MiB segment (the smallest that suffices)
-  CHECK(r.reserved == 2 * MiB);
-  CHECK(a.stats().reserved_bytes == 2 * MiB);
+  CHECK(r.reserved == 4 * MiB);
+  CHECK(a.stats().reserved_bytes == 4 * MiB);
+  CHECK(r.syncs == 2);  // nothing pending: no synchronisation
   a.set_limit(std::numeric_limits<std::size_t>::max());
   CHECK(r.errors == 0);
 }

@@ -335,7 +335,9 @@ class caching_allocator {
     if (b) {
       ++cache_hits_;
     } else {
+      const std::size_t before = system_allocations_;
       b = grow(pool, size, small, place, stream);
+      if (system_allocations_ == before) ++cache_hits_;  // a pending block completed meanwhile
     }
     b = take(pool, b, size, stream);
     live_.emplace(b->addr, b);
@@ -594,7 +596,8 @@ class caching_allocator {
     key.small = small;
     key.place = place;
     key.size = size;
-    for (std::uintptr_t s : {stream, any_stream}) {
+    const std::uintptr_t keys[2] = {stream, any_stream};
+    for (std::uintptr_t s : keys) {
       key.stream = s;
       auto it = pool.free.lower_bound(&key);
       if (it != pool.free.end() && (*it)->small == small && (*it)->place == place && (*it)->stream == s)
@@ -638,7 +641,8 @@ class caching_allocator {
   /// b (not in any set) becomes free: merged with free neighbours it may share with,
   /// then inserted into its pool's free set.
   void insert_free(pool_state& pool, block* b) noexcept {
-    for (block* n : {b->prev, b->next}) {
+    block* const neighbours[2] = {b->prev, b->next};
+    for (block* n : neighbours) {
       if (!mergeable(b, n)) continue;
       pool.free.erase(n);
       if (b->stream == any_stream) b->stream = n->stream;
@@ -664,6 +668,17 @@ class caching_allocator {
     if (pool.destroyed && pool.blocks == 0) retire_pools();
   }
 
+  /// Waits for the device once, so that every pending block completes; returns a
+  /// cached block that serves the request now, if one does.
+  block* sync_and_find(pool_state& pool, std::size_t size, bool small, int place, std::uintptr_t stream) noexcept {
+    resource_.synchronize();
+    if (queues_.empty()) return nullptr;
+    poll_events();
+    return find_free(pool, small, place, stream, size);
+  }
+
+  /// No cached block serves the request: a new segment (within the limit, returning
+  /// cached segments where that makes room), or a block that a synchronisation freed.
   block* grow(pool_state& pool, std::size_t size, bool small, int place, std::uintptr_t stream) {
     std::size_t seg = segment_size(size);
     if (reserved_ > limit_ || seg > limit_ - reserved_) {
@@ -671,6 +686,8 @@ class caching_allocator {
       // after returning cached segments where they make the room.
       seg = size;
       if (reserved_ > limit_ || size > limit_ - reserved_) {
+        if (!queues_.empty() && may_free())
+          if (block* b = sync_and_find(pool, size, small, place, stream)) return b;
         const std::size_t need = size - (reserved_ > limit_ ? 0 : limit_ - reserved_) +
                                  (reserved_ > limit_ ? reserved_ - limit_ : 0);
         if (!may_free() || !release(shared_, need, true))
@@ -685,8 +702,7 @@ class caching_allocator {
     if (!p && may_free()) {
       // The system refused: wait for the device once, return the cached segments that
       // make the room (then all of them) and try again.
-      resource_.synchronize();
-      if (!queues_.empty()) poll_events();
+      if (block* b = sync_and_find(pool, size, small, place, stream)) return b;
       if (release(shared_, seg, false)) p = resource_.raw_allocate(seg);
       if (!p && release(shared_, std::numeric_limits<std::size_t>::max(), false))
         p = resource_.raw_allocate(seg);
@@ -1078,7 +1094,6 @@ class graph_pool_scope : public basic_graph_pool_scope<caching_allocator<cuda_re
 #endif
 
 }  // namespace detail
-
 
 /// Statistics of device D's allocator (allocated, reserved, peak, counts).
 template <Device D>
