@@ -22,6 +22,19 @@
 //                                         algorithm made once outside the timed loop;
 //       BM_matmul_bf16_8192_f32out_locus / _cublaslt  the same with an f32 output;
 //     FLOP/s = 2 n^3 per call (counter "FLOP/s"); target: locus >= 0.9 x cuBLASLt.
+//   * training kernels (issue 13), bytes/s each beside BM_d2d_copy (and, for the
+//     main job's small shapes, BM_d2d_copy_256KiB: a copy of 128 x 512 f32, which is
+//     launch-bound as they are):
+//       BM_bias_grad_relu_128x512_cuda, BM_bias_grad_relu_128x256_cuda
+//                                  the tiled bias + relu gradient of the MLP's hidden
+//                                  layers (bytes = gy and y read, dz written);
+//       BM_bias_grad_none_128x10_cuda  its output layer (bytes = gy read);
+//       BM_softmax_128x10_cuda, BM_softmax_4096x50257_cuda
+//                                  locus::softmax along the last axis (warp per row,
+//                                  block per row; bytes = read + written);
+//       BM_cross_entropy_128x10_cuda, BM_cross_entropy_4096x50257_cuda
+//                                  the fused loss and gradient (bytes = logits read +
+//                                  gradient written; the labels and the mean are noise).
 // Timing: CUDA events on locus's current stream bracket a batch of back-to-back calls (so
 // the host's launch overhead overlaps the GPU's work, as in a real pipeline and in the
 // PyTorch peers, which time many calls between two synchronizes); the time reported per
@@ -35,6 +48,8 @@
 #include "cuda_bench.hpp"
 
 #include <locus/locus.hpp>
+#include <locus/nn/kernels.hpp>
+#include <locus/nn/loss.hpp>
 
 #include <cub/device/device_reduce.cuh>
 #include <cublasLt.h>
@@ -477,6 +492,129 @@ void BM_matmul_bf16_cublaslt(benchmark::State& state, locus::index_t n) {
   });
 }
 
+
+// ---- training kernels (issue 13) ---------------------------------------------------------
+
+void BM_d2d_copy_256KiB(benchmark::State& state) {
+  guarded(state, [](benchmark::State& st) {
+    constexpr std::int64_t bytes = 128 * 512 * 4;
+    auto a = locus::zeros<float, locus::cuda>({128 * 512});
+    auto b = locus::zeros<float, locus::cuda>({128 * 512});
+    const cudaStream_t s = locus::detail::current_stream();
+    time_batches(st, 100, [&] {
+      LOCUS_CUDA_CHECK(cudaMemcpyAsync(b.data_handle(), a.data_handle(), bytes, cudaMemcpyDeviceToDevice, s));
+    });
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * bytes);
+    st.SetLabel("cudaMemcpyAsync of 128 x 512 f32; bytes = read + written; " + batch_label(100));
+  });
+}
+
+/// The bias (and relu) gradient of a [rows, cols] layer output, checked against the host.
+void BM_bias_grad(benchmark::State& state, locus::index_t rows, locus::index_t cols, bool relu) {
+  guarded(state, [=](benchmark::State& st) {
+    namespace ld = locus::detail;
+    const auto kind = relu ? ld::act_kind::relu : ld::act_kind::none;
+    auto gy = locus::randn<float, locus::cuda>({rows, cols}, 11);
+    auto y = locus::eval(locus::relu(locus::randn<float, locus::cuda>({rows, cols}, 12)));
+    auto dz = locus::zeros<float, locus::cuda>({rows, cols});
+    auto db = locus::zeros<float, locus::cuda>({cols});
+    auto kernel = [&](float* dbp) {
+      return ld::bias_act_grad_kernel<float, float>{gy.data_handle(), nullptr, relu ? y.data_handle() : nullptr,
+                                                    relu ? dz.data_handle() : nullptr, dbp, rows, cols, kind};
+    };
+    {  // checked against the host path first
+      ld::run_bias_act_grad<locus::cuda>(kernel(db.data_handle()));
+      auto hgy = locus::to<locus::cpu>(gy), hy = locus::to<locus::cpu>(y);
+      auto hdz = locus::zeros<float, locus::cpu>({rows, cols});
+      auto hdb = locus::zeros<float, locus::cpu>({cols});
+      ld::run_bias_act_grad<locus::cpu>(ld::bias_act_grad_kernel<float, float>{
+          hgy.data_handle(), nullptr, relu ? hy.data_handle() : nullptr, relu ? hdz.data_handle() : nullptr,
+          hdb.data_handle(), rows, cols, kind});
+      auto gdb = locus::to<locus::cpu>(db);
+      for (locus::index_t j = 0; j < cols; ++j) {
+        if (!(std::abs(gdb.data_handle()[j] - hdb.data_handle()[j]) <= 1e-4f * (1.0f + std::abs(hdb.data_handle()[j])))) {
+          st.SkipWithError(("bias gradient on cuda disagrees with the host at column " + std::to_string(j)).c_str());
+          return;
+        }
+      }
+    }
+    time_batches(st, 100, [&] { ld::run_bias_act_grad<locus::cuda>(kernel(db.data_handle())); });
+    const std::int64_t elems = rows * cols;
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * (relu ? 3 * elems : elems));
+    st.SetLabel(std::string("tiled column reduction; bytes = ") + (relu ? "gy + y read, dz written; " : "gy read; ") +
+                batch_label(100));
+  });
+}
+
+/// locus::softmax along the last axis of [rows, cols] f32, checked against the host.
+void BM_softmax(benchmark::State& state, locus::index_t rows, locus::index_t cols) {
+  guarded(state, [=](benchmark::State& st) {
+    auto x = locus::randn<float, locus::cuda>({rows, cols}, 21, 0.0, 4.0);
+    {
+      auto got = locus::to<locus::cpu>(locus::softmax(x, 1));
+      const locus::index_t check_rows = rows < 8 ? rows : 8;  // the host reference of 8 rows
+      auto hx = locus::to<locus::cpu>(x);
+      for (locus::index_t r = 0; r < check_rows; ++r) {
+        const float* row = hx.data_handle() + r * cols;
+        double m = -INFINITY, s = 0;
+        for (locus::index_t j = 0; j < cols; ++j) m = std::max(m, double(row[j]));
+        for (locus::index_t j = 0; j < cols; ++j) s += std::exp(double(row[j]) - m);
+        for (locus::index_t j = 0; j < cols; ++j) {
+          const double want = std::exp(double(row[j]) - m) / s, g = got.data_handle()[r * cols + j];
+          if (!(std::abs(g - want) <= 1e-5 * want + 1e-30)) {
+            st.SkipWithError("locus::softmax on cuda disagrees with a double reference");
+            return;
+          }
+        }
+      }
+    }
+    const int calls = rows * cols > (1 << 20) ? 10 : 100;
+    time_batches(st, calls, [&] {
+      auto y = locus::softmax(x, 1);
+      benchmark::DoNotOptimize(y.data_handle());
+    });
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * 4 * rows * cols);
+    st.SetLabel(std::string(cols <= 1024 ? "warp per row" : "block per row") +
+                "; bytes = read + written (the row is read twice: max and sum, then write); " + batch_label(calls));
+  });
+}
+
+/// Fused cross-entropy loss and gradient of [rows, cols] f32 logits, checked against the host.
+void BM_cross_entropy(benchmark::State& state, locus::index_t rows, locus::index_t cols) {
+  guarded(state, [=](benchmark::State& st) {
+    auto x = locus::randn<float, locus::cuda>({rows, cols}, 31, 0.0, 4.0);
+    std::vector<std::int64_t> lab(static_cast<std::size_t>(rows));
+    for (locus::index_t i = 0; i < rows; ++i) lab[static_cast<std::size_t>(i)] = (i * 7919) % cols;
+    auto y = locus::from_host<locus::cuda>(lab, {rows});
+    locus::nn::cross_entropy_state<locus::cuda, locus::amp::fp32> ce(locus::nn::cross_entropy{});
+    {
+      const float got = locus::to<locus::cpu>(ce.forward(std::as_const(x).view(), std::as_const(y).view())).item();
+      auto hx = locus::to<locus::cpu>(x);
+      double want = 0;
+      for (locus::index_t r = 0; r < rows; ++r) {
+        const float* row = hx.data_handle() + r * cols;
+        double m = -INFINITY, s = 0;
+        for (locus::index_t j = 0; j < cols; ++j) m = std::max(m, double(row[j]));
+        for (locus::index_t j = 0; j < cols; ++j) s += std::exp(double(row[j]) - m);
+        want += -(double(row[lab[static_cast<std::size_t>(r)]]) - m - std::log(s));
+      }
+      want /= double(rows);
+      if (!(std::abs(got - want) <= 1e-5 * (1.0 + std::abs(want)))) {
+        st.SkipWithError(("cross_entropy on cuda: loss " + std::to_string(got) + ", want " + std::to_string(want)).c_str());
+        return;
+      }
+    }
+    const int calls = rows * cols > (1 << 20) ? 10 : 100;
+    time_batches(st, calls, [&] {
+      auto l = ce.forward(std::as_const(x).view(), std::as_const(y).view());
+      benchmark::DoNotOptimize(l.data_handle());
+    });
+    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * 4 * rows * cols);
+    st.SetLabel(std::string(cols <= 1024 ? "warp per row" : "block per row") +
+                "; bytes = logits read + gradient written (plus the mean of the row losses); " + batch_label(calls));
+  });
+}
+
 }  // namespace
 
 BENCHMARK(BM_d2d_copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(bw_iterations);
@@ -504,6 +642,31 @@ int main(int argc, char** argv) {
       {"BM_matmul_bf16_4096_cublaslt", BM_matmul_bf16_cublaslt<locus::bf16>, 4096},
       {"BM_matmul_bf16_4096_locus", BM_matmul_bf16_locus<locus::bf16>, 4096},
   };
+  benchmark::RegisterBenchmark("BM_d2d_copy_256KiB", BM_d2d_copy_256KiB)
+      ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(bw_iterations);
+  struct bias_case {
+    const char* name;
+    locus::index_t rows, cols;
+    bool relu;
+  };
+  for (const bias_case& b : {bias_case{"BM_bias_grad_relu_128x512_cuda", 128, 512, true},
+                             bias_case{"BM_bias_grad_relu_128x256_cuda", 128, 256, true},
+                             bias_case{"BM_bias_grad_none_128x10_cuda", 128, 10, false}}) {
+    benchmark::RegisterBenchmark(b.name, BM_bias_grad, b.rows, b.cols, b.relu)
+        ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(bw_iterations);
+  }
+  struct row_case {
+    const char* name;
+    void (*fn)(benchmark::State&, locus::index_t, locus::index_t);
+    locus::index_t rows, cols;
+  };
+  for (const row_case& r : {row_case{"BM_softmax_128x10_cuda", BM_softmax, 128, 10},
+                            row_case{"BM_softmax_4096x50257_cuda", BM_softmax, 4096, 50257},
+                            row_case{"BM_cross_entropy_128x10_cuda", BM_cross_entropy, 128, 10},
+                            row_case{"BM_cross_entropy_4096x50257_cuda", BM_cross_entropy, 4096, 50257}}) {
+    benchmark::RegisterBenchmark(r.name, r.fn, r.rows, r.cols)
+        ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(r.rows * r.cols > (1 << 20) ? 20 : bw_iterations);
+  }
   for (const gemm_case& g : gemms) {
     benchmark::RegisterBenchmark(g.name, g.fn, g.n)
         ->UseManualTime()

@@ -136,7 +136,8 @@ TEST_CASE("kernels: softmax and log_softmax of adversarial rows match a double r
     for (int r = 0; r < 3; ++r) three.insert(three.end(), row.begin(), row.end());
     auto x = locus::from_host<locus::cpu>(three, {3, n});
     auto xt = locus::eval(locus::transpose(x) * 1.0f);  // [n, 3], contiguous
-    const auto [m, s] = reference(row);
+    const auto ref = reference(row);
+    const double m = ref.first, s = ref.second;  // named copies: clang 14 cannot capture bindings
     auto check = [&](const auto& sm, const auto& ls, bool transposed) {
       auto hs = locus::to<locus::cpu>(sm);
       auto hl = locus::to<locus::cpu>(ls);
