@@ -434,26 +434,42 @@ LOCUS_HOST_DEVICE inline void unravel_around_axis(index_t o, index_t i, const in
 }
 
 /// Reads element j along the axis of the column (o, i): by linear offset when the
-/// operand reads linearly (Linear), else through its multi-index (Axis at compile time).
+/// operand reads linearly (Linear; Axis unused), else through its multi-index, the axis
+/// a compile-time constant (device kernels: the index stays in registers) or, with Axis
+/// = runtime_axis, the member `axis` (host code: one instance for every axis).
 template <class Ev, std::size_t R, std::size_t Axis, bool Linear>
 struct column_reader {
   Ev ev;
   index_array<R> shape;
   index_t len, inner;
+  std::size_t axis = Axis;
   struct cursor {
     index_t idx[Linear ? 1 : R];
   };
   LOCUS_HOST_DEVICE cursor start(index_t o, index_t i) const {
     cursor c{};
-    if constexpr (Linear) c.idx[0] = o * len * inner + i;
-    else unravel_around_axis<Axis>(o, i, shape, c.idx);
+    if constexpr (Linear) {
+      c.idx[0] = o * len * inner + i;
+    } else if constexpr (Axis == runtime_axis) {
+      for (std::size_t k = R; k-- > axis + 1;) {
+        c.idx[k] = i % shape.v[k];
+        i /= shape.v[k];
+      }
+      c.idx[axis] = 0;
+      for (std::size_t k = axis; k-- > 0;) {
+        c.idx[k] = o % shape.v[k];
+        o /= shape.v[k];
+      }
+    } else {
+      unravel_around_axis<Axis>(o, i, shape, c.idx);
+    }
     return c;
   }
   LOCUS_HOST_DEVICE auto at(cursor& c, index_t j) const {
     if constexpr (Linear) {
       return ev.at_linear(c.idx[0] + j * inner);
     } else {
-      c.idx[Axis] = j;
+      c.idx[Axis == runtime_axis ? axis : Axis] = j;
       return ev.at_index(c.idx);
     }
   }

@@ -209,21 +209,25 @@ auto softmax_impl(const X& x, std::size_t axis) {
     for (std::size_t k = 0; k < R; ++k) sh.v[k] = shape[k];
     const auto ev = e.make_eval(shape);
     const bool linear = e.linear_ok(shape);
-    with_static_axis<R>(axis, [&](auto ax) {
-      constexpr std::size_t A = decltype(ax)::value;
-      index_t outer = 1, inner = 1;
-      for (std::size_t k = 0; k < A; ++k) outer *= shape[k];
-      for (std::size_t k = A + 1; k < R; ++k) inner *= shape[k];
-      const index_t len = shape[A];
-      const row_mode mode = choose_row_mode(len, inner);
-      auto go = [&](auto rd) {
-        run_softmax_lines<D>(softmax_lines<T, Log, decltype(rd)>{out.data_handle(), rd, outer, len, inner, mode});
-      };
-      // The innermost axis reads through the same code linearly or not: the same sums in
-      // the same order, so a strided view and its contiguous copy agree to the bit.
-      if (linear) go(column_reader<decltype(ev), R, A, true>{ev, sh, len, inner});
-      else go(column_reader<decltype(ev), R, A, false>{ev, sh, len, inner});
-    });
+    index_t outer = 1, inner = 1;
+    for (std::size_t k = 0; k < axis; ++k) outer *= shape[k];
+    for (std::size_t k = axis + 1; k < R; ++k) inner *= shape[k];
+    const index_t len = shape[axis];
+    const row_mode mode = choose_row_mode(len, inner);
+    auto go = [&](auto rd) {
+      run_softmax_lines<D>(softmax_lines<T, Log, decltype(rd)>{out.data_handle(), rd, outer, len, inner, mode});
+    };
+    // A strided operand along its innermost axis reads through the same code as its
+    // contiguous copy: the same sums in the same order, so the two agree to the bit.
+    if (linear) {
+      go(column_reader<decltype(ev), R, 0, true>{ev, sh, len, inner});
+    } else if constexpr (std::is_same_v<D, cuda>) {  // the axis at compile time: no stack frame
+      with_static_axis<R>(axis, [&](auto ax) {
+        go(column_reader<decltype(ev), R, decltype(ax)::value, false>{ev, sh, len, inner});
+      });
+    } else {  // host: one instance for every axis
+      go(column_reader<decltype(ev), R, runtime_axis, false>{ev, sh, len, inner, axis});
+    }
     return out;
   }
 }
