@@ -223,6 +223,30 @@ TEST_CASE("cross-stream: several users, events per stream complete in order, eve
     r.complete(B);
   }
   CHECK(r.events.size() <= 3);
+  // A stream that always has one more event outstanding: its queue never drains.
+  std::vector<void*> seen;
+  r.enqueue(B);  // B runs one item behind
+  for (int i = 0; i < 1000; ++i) {
+    void* x = a.allocate(512);
+    seen.push_back(x);
+    use(a, x, B);
+    a.deallocate(x);
+    r.complete(B, 1);  // B catches up to before this free: the previous block is done
+    CHECK(a.stats().pending_bytes <= 1024);  // this block, and the previous until the next poll
+  }
+  CHECK(r.events.size() <= 4);
+  CHECK(r.outstanding() == 1);
+  void* last = seen.back();
+  void* y = a.allocate(512);
+  CHECK(y != last);  // still pending
+  r.complete(B);
+  a.deallocate(y);
+  void* y1 = a.allocate(512);
+  void* y2 = a.allocate(512);
+  CHECK((y1 == last || y2 == last));
+  a.deallocate(y1);
+  a.deallocate(y2);
+  CHECK(a.stats().pending_bytes == 0);
   CHECK(r.errors == 0);
 }
 

@@ -47,7 +47,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -298,9 +297,9 @@ class caching_allocator {
     for (auto& p : pools_) collect(*p);
     for (auto& [a, b] : live_) all.insert(b);
     for (auto& q : queues_)
-      for (auto& e : q.events) {
-        resource_.release_event(e.token);
-        all.insert(e.b);
+      for (std::size_t i = q.head; i < q.events.size(); ++i) {
+        resource_.release_event(q.events[i].token);
+        all.insert(q.events[i].b);
       }
     all.insert(deferred_.begin(), deferred_.end());
     for (block* b : all)
@@ -409,8 +408,8 @@ class caching_allocator {
       drop_uses(b);
     }
     for (auto& q : queues_)
-      for (auto& e : q.events)
-        if (e.b->stream == s) e.b->stream = any_stream;
+      for (std::size_t i = q.head; i < q.events.size(); ++i)
+        if (q.events[i].b->stream == s) q.events[i].b->stream = any_stream;
     if (!Resource::stream_ordered) return;
     const auto rekey = [&](pool_state& pool) {
       // Take them all out first (marked live, so no merge deletes one of them while
@@ -519,7 +518,8 @@ class caching_allocator {
   };
   struct stream_queue {
     std::uintptr_t stream;
-    std::deque<pending_event> events;  // in recording order: they complete in order
+    std::vector<pending_event> events;  // in recording order: they complete in order
+    std::size_t head = 0;               // events[head..] are outstanding
   };
 
   static tls_pool& current_tls() noexcept {
@@ -555,19 +555,23 @@ class caching_allocator {
   void poll_events() noexcept {
     for (std::size_t i = 0; i < queues_.size();) {
       auto& q = queues_[i].events;
-      while (!q.empty() && resource_.event_done(q.front().token)) {
-        const pending_event e = q.front();
-        q.pop_front();
+      std::size_t& h = queues_[i].head;
+      while (h < q.size() && resource_.event_done(q[h].token)) {
+        const pending_event e = q[h++];
         resource_.release_event(e.token);
         if (--e.b->events == 0) {
           pending_bytes_ -= e.b->size;
           free_block(e.b);
         }
       }
-      if (q.empty()) {
+      if (h == q.size()) {
         queues_[i] = std::move(queues_.back());
         queues_.pop_back();
       } else {
+        if (h >= 64 && 2 * h >= q.size()) {  // a queue that never drains stays small
+          q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(h));
+          h = 0;
+        }
         ++i;
       }
     }
@@ -1055,9 +1059,11 @@ auto& allocator_for() {
 /// freed, an event is recorded on `s` and the block is not reused until it has
 /// completed. Pointers no caching allocator handed out (cpu memory, foreign memory
 /// of unsafe_view) are ignored; so is a cuda block's own allocation stream.
-inline void record_block_use(const void* p, cudaStream_t s) {
+/// (A template only so that files that never call it instantiate nothing.)
+template <class D = cuda>
+void record_block_use(const void* p, cudaStream_t s) {
   if (!p) return;
-  allocator_for<cuda>().record_use(p, static_cast<void*>(s));
+  allocator_for<D>().record_use(p, static_cast<void*>(s));
   allocator_for<pinned>().record_use(p, static_cast<void*>(s));
 }
 
@@ -1070,27 +1076,26 @@ inline void release_stream_blocks(cudaStream_t s) {
   allocator_for<pinned>().release_stream(static_cast<void*>(s));
 }
 
-/// The cuda blocks of one captured CUDA graph. Hold it (a shared_ptr from
-/// make_graph_pool) as long as the graph exists; destroy the graph (its
+/// The cuda blocks of one captured CUDA graph (an alias, so that files that never
+/// name it instantiate nothing: do not forward-declare it as a class). Make one with
+/// make_graph_pool and hold it as long as the graph exists; destroy the graph (its
 /// cudaGraphExec_t) first. When the pool is destroyed its segments return to the
 /// system at once if none of its blocks is live; a tensor from the pool that outlives
 /// it is still freed safely: its block returns to the (destroyed) pool, whose segments
 /// are released when the last block is freed (and no scope is alive).
-class graph_pool : public basic_graph_pool<caching_allocator<cuda_resource>> {
- public:
-  graph_pool() : basic_graph_pool(allocator_for<cuda>()) {}
-};
+using graph_pool = basic_graph_pool<caching_allocator<cuda_resource>>;
 
-inline std::shared_ptr<graph_pool> make_graph_pool() { return std::make_shared<graph_pool>(); }
+/// A new, empty graph pool of the cuda allocator.
+template <class D = cuda>
+std::shared_ptr<graph_pool> make_graph_pool() {
+  return std::make_shared<graph_pool>(allocator_for<D>());
+}
 
 /// While alive, cuda allocations of this thread come from the pool, and frees of the
-/// pool's blocks (from any thread, in or out of scope) go back to it only. Capture
-/// under cudaStreamCaptureModeRelaxed (the pool may call cudaMalloc when it grows),
-/// or warm the pool up with one uncaptured step under the same scope.
-class graph_pool_scope : public basic_graph_pool_scope<caching_allocator<cuda_resource>> {
- public:
-  explicit graph_pool_scope(graph_pool& p) : basic_graph_pool_scope(p) {}
-};
+/// pool's blocks (from any thread, in or out of scope) go back to it only:
+/// `graph_pool_scope s(*pool);`. Capture under cudaStreamCaptureModeRelaxed (the pool
+/// may call cudaMalloc when it grows; see the file comment).
+using graph_pool_scope = basic_graph_pool_scope<caching_allocator<cuda_resource>>;
 #endif
 
 }  // namespace detail
