@@ -638,3 +638,34 @@ TEST_CASE("f16: agrees with the compiler's _Float16 conversions" *
   bad.check("_Float16 cross-check");
 }
 #endif
+
+// The portable narrowing is what host code runs and what the device's conversion
+// instructions are checked against (tests/cuda/test_kernels.cu compares them on all 2^32
+// floats): it must be round-to-nearest-even on a dense sweep of every binade, and the
+// public conversions on the host must be it.
+TEST_CASE("f16/bf16: the portable conversions round to nearest even on a dense sweep of all floats" *
+          doctest::test_suite("dtype")) {
+  namespace d = locus::detail;
+  Mismatches bad_h, bad_b, same;
+  // every 509th encoding (a prime stride: every binade, sign and low-bit pattern mix) and
+  // every encoding of the binades around f16's smallest subnormal and largest normal
+  std::vector<std::uint32_t> inputs;
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 509) inputs.push_back(static_cast<std::uint32_t>(u));
+  for (std::uint32_t e : {102u, 103u, 112u, 113u, 142u, 143u})  // 2^-25, 2^-24, 2^-15, 2^-14, 2^15, 2^16
+    for (std::uint32_t m = 0; m < (1u << 23); m += 7) inputs.push_back((e << 23) | m);
+  for (const std::uint32_t u : inputs) {
+    const float x = float_from_bits(u);
+    const std::uint16_t h = d::f32_bits_to_f16_bits_portable(u), b = d::f32_bits_to_bf16_bits_portable(u);
+    check_narrowed(x, h, kF16, bad_h);
+    check_narrowed(x, b, kBF16, bad_b);
+    if (h != locus::f16(x).bits || b != locus::bf16(x).bits) same.add(hex(u) + ": the host's conversion is not the portable one");
+  }
+  for (std::uint32_t p = 0; p < 65536; ++p) {
+    const auto u = static_cast<std::uint16_t>(p);
+    if (d::f16_bits_to_f32_bits_portable(u) != bits_of(locus::to_float(locus::f16::from_bits(u))))
+      same.add(hex(p) + ": the host's widening is not the portable one");
+  }
+  bad_h.check("dense sweep -> f16");
+  bad_b.check("dense sweep -> bf16");
+  same.check("host conversions are the portable ones");
+}
