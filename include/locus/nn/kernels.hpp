@@ -1,6 +1,11 @@
 // The kernels of training: one functor per operation, called once per index through
 // detail::launch_n on every device (the same source runs on the host and the GPU),
-// plus the few host-only loops that walk memory in a host-friendly order.
+// plus the few host-only loops that walk memory in a host-friendly order. The
+// reductions of training are shaped for the GPU with the same per-thread pieces on
+// every device: the bias gradient is a tiled column reduction on cuda (block() of
+// bias_act_grad_kernel; the host walks rows, and run_tiled_host replays the device's
+// schedule for tests), cross-entropy a warp or a block per row with an online maximum
+// and sum (block() of cross_entropy_kernel; the host a row per call).
 #pragma once
 
 #include <cmath>

@@ -8,8 +8,14 @@
 // with 16 independent accumulators (vectorisable, and accurate: a block's sum is
 // formed pairwise-ish from short partial sums, blocks are combined in f64), OpenMP
 // over blocks, deterministic for any thread count; on cuda, cub::DeviceReduce for
-// whole-tensor reductions, cub::DeviceSegmentedReduce along the innermost axis and one
-// thread per output along other axes. f16 and bf16 accumulate in f32; floating sums are
+// whole-tensor reductions, cub::DeviceSegmentedReduce along the innermost axis (sum,
+// mean, max, min; a linear reader for contiguous operands, one thread per row for
+// argmax, argmin and var) and a tiled column reduction along every other axis (32
+// columns a warp, coalesced; 16 row groups a block; the axis split over blocks when the
+// columns are few; partials combined in a fixed order: the same bits every run; the
+// axis a compile-time constant, so no stack frame; sums accumulate in f64 per thread).
+// The tiled schedule runs on the host too (reduce_axis_tiled, run_tiled_host), which is
+// how the CPU suite checks it. f16 and bf16 accumulate in f32; floating sums are
 // combined in f64 on every path (host blocks, blocks along an axis, cub), integers are
 // reduced in i64 (never through double) and their sums (bool, u8, i32, i64) return i64,
 // as PyTorch's do; mean and var need a floating dtype (as PyTorch's mean does). max of all -inf is -inf, min of all +inf is
