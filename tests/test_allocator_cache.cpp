@@ -37,6 +37,9 @@ struct mock_resource {
   std::size_t capacity = std::numeric_limits<std::size_t>::max();
   std::size_t reserved = 0;
   int raw_allocs = 0, raw_frees = 0, syncs = 0, errors = 0;
+  int capturing_raw_allocs = 0;  // raw allocations while the current stream captured
+  int capture_queries = 0;       // event queries while a capture was underway (invalidates it)
+  bool fail_records = false;     // record_event fails (the token completes only at synchronize)
   std::function<void(std::uintptr_t, std::size_t)> on_raw_free;
 
   // streams and events
@@ -53,15 +56,17 @@ struct mock_resource {
     long mark;
   };
   std::vector<rec> recs;  // every recording, in order (its index names it for good)
+  /// Streams are (handle, GPU): cudaStreamLegacy is one handle on every GPU.
+  static std::uintptr_t key(std::uintptr_t s, int place) { return s + (std::uintptr_t(place) << 48); }
   bool done(std::size_t i) const {
-    auto it = completed.find(recs[i].stream);
+    auto it = completed.find(key(recs[i].stream, recs[i].place));
     return (it == completed.end() ? 0 : it->second) >= recs[i].mark;
   }
-  void enqueue(std::uintptr_t s) { ++enqueued[s]; }
+  void enqueue(std::uintptr_t s, int place = 0) { ++enqueued[key(s, place)]; }
   /// Stream s runs `n` more of its enqueued items (all with n < 0).
-  void complete(std::uintptr_t s, long n = -1) {
-    long& c = completed[s];
-    const long e = enqueued[s];
+  void complete(std::uintptr_t s, long n = -1, int place = 0) {
+    long& c = completed[key(s, place)];
+    const long e = enqueued[key(s, place)];
     c = n < 0 ? e : std::min(e, c + n);
   }
   int outstanding() const {
@@ -72,11 +77,13 @@ struct mock_resource {
   struct ev {
     bool in_use;
     std::size_t rec;
+    bool failed = false;
   };
   std::vector<ev> events;  // per token (tokens are reused)
   std::vector<int> spare;  // released tokens
 
   void* raw_allocate(std::size_t n) {
+    if (capturing_streams.count(current)) ++capturing_raw_allocs;
     if (n > capacity || reserved > capacity - n) return nullptr;
     const std::uintptr_t a = next_addr;
     next_addr += (n + 4 * KiB - 1) / (4 * KiB) * (4 * KiB) + 64 * KiB;  // never adjacent, never reused
@@ -110,14 +117,15 @@ struct mock_resource {
       t = static_cast<int>(events.size());
       events.push_back({});
     }
-    events[static_cast<std::size_t>(t)] = {true, recs.size()};
-    recs.push_back({reinterpret_cast<std::uintptr_t>(s), place, enqueued[reinterpret_cast<std::uintptr_t>(s)]});
+    events[static_cast<std::size_t>(t)] = {true, recs.size(), fail_records};
+    recs.push_back({reinterpret_cast<std::uintptr_t>(s), place, enqueued[key(reinterpret_cast<std::uintptr_t>(s), place)]});
     return t;
   }
   bool event_done(event_token t) noexcept {
     const auto& e = events[static_cast<std::size_t>(t)];
     if (!e.in_use) ++errors;
-    return done(e.rec);
+    if (!capturing_streams.empty()) ++capture_queries;
+    return !e.failed && done(e.rec);
   }
   void release_event(event_token t) noexcept {
     auto& e = events[static_cast<std::size_t>(t)];
@@ -126,6 +134,7 @@ struct mock_resource {
     spare.push_back(t);
   }
   bool capturing(void* s) noexcept { return capturing_streams.count(reinterpret_cast<std::uintptr_t>(s)) != 0; }
+  bool current_capturing() noexcept { return capturing_streams.count(current) != 0; }
   void synchronize() noexcept {
     ++syncs;
     for (auto& [st, n] : enqueued) completed[st] = n;
@@ -476,6 +485,7 @@ TEST_CASE("capture: events wait for the capture to end, no allocation outside th
   a.deallocate(a.allocate(8 * MiB));  // a cached, whole free segment of the shared cache
   const int frees_before = r.raw_frees;
   pool g(a);
+  void* pooled = nullptr;
   {
     scope s(g);
     void* warm = a.allocate(64 * KiB);  // warm-up before capture
@@ -483,6 +493,7 @@ TEST_CASE("capture: events wait for the capture to end, no allocation outside th
     r.capturing_streams = {A, B};  // capture begins (A forks into B)
     void* p = a.allocate(64 * KiB);
     CHECK(p == warm);
+    pooled = p;
     use(a, p, B);
     a.deallocate(p);  // B is capturing: no event now (it could not be queried)
     CHECK(r.recs.empty());
@@ -497,16 +508,31 @@ TEST_CASE("capture: events wait for the capture to end, no allocation outside th
     CHECK(r.raw_frees == frees_before);
     r.capacity = std::numeric_limits<std::size_t>::max();
     r.capturing_streams.clear();  // capture ends
-    void* q2 = a.allocate(64 * KiB);  // the deferred block gets its event now
+    void* q2 = a.allocate(64 * KiB);  // the scope lives: still no event work at all
     CHECK(q2 != p);
-    CHECK(r.recs.size() == 1);
-    CHECK(r.recs[0].stream == B);
-    r.complete(B);
+    CHECK(r.recs.empty());
     a.deallocate(q2);
-    void* p2 = a.allocate(64 * KiB);
-    CHECK(p2 == p);
+  }
+  void* outside = a.allocate(4096);  // no scope, no capture: the deferred block gets its event
+  CHECK(r.recs.size() == 1);
+  CHECK(r.recs[0].stream == B);
+  r.complete(B);
+  a.deallocate(outside);
+  {
+    scope s(g);
+    void* p2 = a.allocate(64 * KiB);  // the scope: no poll, p still pending
+    CHECK(a.stats().pending_bytes == 64 * KiB);
     a.deallocate(p2);
   }
+  a.deallocate(a.allocate(4096));  // polled: p is the pool's again
+  CHECK(a.stats().pending_bytes == 0);
+  {
+    scope s(g);
+    void* p3 = a.allocate(64 * KiB);
+    CHECK(p3 == pooled);  // the completed block, merged back at the segment start
+    a.deallocate(p3);
+  }
+  CHECK(r.capture_queries == 0);
   // A thread outside any pool allocating on a capturing stream while a scope is alive.
   r.capturing_streams = {A};
   std::atomic<int> stage{0};
@@ -796,4 +822,172 @@ TEST_CASE("soak: 20000 random allocations and frees on four streams with random 
   CHECK(r.segments.empty());
   MESSAGE("soak: " << a.stats().allocations << " allocations, " << a.stats().cache_hits << " cache hits, "
                    << r.raw_allocs << " segments, " << ooms << " out of memory, " << r.events.size() << " events made");
+}
+
+TEST_CASE("capture, no scope: pending blocks are neither queried nor reused while the current stream captures") {
+  host_alloc a;  // pinned-style: allocating while capturing is allowed (no pool scopes)
+  auto& r = a.resource();
+  r.current = A;
+  void* p = a.allocate(4096);
+  use(a, p, B);
+  a.deallocate(p);
+  CHECK(r.recs.size() == 1);
+  r.complete(B);  // done, but not known to be done yet
+  r.capturing_streams = {A};
+  void* q = a.allocate(4096);
+  CHECK(q != p);                  // not polled: the block is still pending
+  CHECK(r.capture_queries == 0);  // no cudaEventQuery on the capturing thread
+  CHECK(a.stats().pending_bytes == 4096);
+  a.empty_cache();  // no synchronize, no frees while capturing
+  CHECK(r.syncs == 0);
+  CHECK(r.raw_frees == 0);
+  r.capturing_streams.clear();
+  a.deallocate(q);
+  void* p2 = a.allocate(4096);  // polled now
+  CHECK(p2 == p);
+  CHECK(a.stats().pending_bytes == 0);
+  a.deallocate(p2);
+  CHECK(r.errors == 0);
+}
+
+TEST_CASE("capture, with a scope: a pending pool block is neither queried nor reused, even once its stream is done") {
+  using pool = locus::detail::basic_graph_pool<stream_alloc>;
+  using scope = locus::detail::basic_graph_pool_scope<stream_alloc>;
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  pool g(a);
+  void* p = nullptr;
+  {
+    scope s(g);
+    p = a.allocate(4096);
+    use(a, p, B);
+    a.deallocate(p);  // B is not capturing: an event now
+    CHECK(r.recs.size() == 1);
+    r.complete(B);
+    r.capturing_streams = {A};
+    void* q = a.allocate(4096);  // grows the pool: cudaMalloc under capture (counted)
+    CHECK(q != p);
+    CHECK(r.capture_queries == 0);
+    CHECK(r.capturing_raw_allocs == 0);  // the 2 MiB segment had room
+    void* big = a.allocate(4 * MiB);      // a new 20 MiB segment while capturing
+    CHECK(r.capturing_raw_allocs == 1);
+    a.deallocate(big);
+    a.deallocate(q);
+    r.capturing_streams.clear();
+  }
+  a.deallocate(a.allocate(8192));  // outside: polls, p completes into the pool
+  CHECK(a.stats().pending_bytes == 0);
+  CHECK(r.errors == 0);
+}
+
+TEST_CASE("a failed event recording: the free never synchronizes, the block stays pending until empty_cache") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  void* p = a.allocate(4096);
+  use(a, p, B);
+  r.fail_records = true;
+  a.deallocate(p);
+  r.fail_records = false;
+  CHECK(r.syncs == 0);
+  CHECK(a.stats().pending_bytes == 4096);
+  r.complete(B);
+  void* q = a.allocate(4096);
+  CHECK(q != p);  // a failed event is never "done" by a query
+  a.deallocate(q);
+  a.empty_cache();  // synchronizes: now every event counts as done
+  CHECK(r.syncs == 1);
+  CHECK(a.stats().pending_bytes == 0);
+  CHECK(r.errors == 0);
+}
+
+TEST_CASE("multi-GPU: streams are (handle, device); the legacy stream of GPU 1 is not GPU 0's") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = 0;  // cudaStreamLegacy on GPU 0
+  r.current_gpu = 0;
+  void* p = a.allocate(4096);
+  a.record_use(p, nullptr, 0);  // its own (legacy, 0): nothing
+  r.enqueue(0, 1);
+  a.record_use(p, nullptr, 1);  // (legacy, 1): recorded, not dropped
+  a.record_use(at(p, 8), nullptr, 1);  // once
+  a.deallocate(p);
+  REQUIRE(r.recs.size() == 1);
+  CHECK(r.recs[0].stream == 0);
+  CHECK(r.recs[0].place == 1);  // the event lives on GPU 1
+  r.complete(0);  // GPU 0's legacy stream finishing does not complete GPU 1's
+  void* q = a.allocate(4096);
+  CHECK(q != p);
+  r.complete(0, -1, 1);
+  a.deallocate(q);
+  void* p2 = a.allocate(4096);
+  CHECK(p2 == p);
+  // The 2-argument form takes the current GPU.
+  r.current_gpu = 1;
+  r.enqueue(0, 1);
+  a.record_use(p2, nullptr);
+  r.current_gpu = 0;
+  a.deallocate(p2);
+  REQUIRE(r.recs.size() == 2);
+  CHECK(r.recs[1].place == 1);
+  r.complete(0, -1, 1);
+  CHECK(a.allocate(4096) == p);
+  CHECK(r.errors == 0);
+}
+
+TEST_CASE("capture: a shared block freed during a capture leaves circulation until empty_cache") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  void* p = a.allocate(4096);  // shared cache, before the capture
+  r.capturing_streams = {A};
+  a.deallocate(p);  // the graph may have baked p in
+  r.capturing_streams.clear();
+  CHECK(a.stats().pending_bytes == 4096);
+  void* q = a.allocate(4096);
+  CHECK(q != p);
+  a.deallocate(q);
+  // A pinned-style block read by a captured copy on B.
+  host_alloc h;
+  auto& hr = h.resource();
+  void* x = h.allocate(1000);
+  use(h, x, B);
+  hr.capturing_streams = {B};
+  h.deallocate(x);
+  CHECK(hr.recs.empty());  // no event on a capturing stream
+  hr.capturing_streams.clear();
+  void* y = h.allocate(1000);
+  CHECK(y != x);
+  h.deallocate(y);
+  CHECK(hr.raw_frees == 0);
+  h.empty_cache();  // x back in circulation: its whole segment is free and returned
+  CHECK(hr.raw_frees == 1);
+  CHECK(hr.reserved == 0);
+  CHECK(h.stats().pending_bytes == 0);
+  CHECK(r.raw_frees == 0);
+  a.empty_cache();
+  CHECK(a.stats().pending_bytes == 0);
+  CHECK(r.raw_frees == 1);
+  CHECK(a.stats().reserved_bytes == 0);
+  CHECK(r.errors == 0);
+  CHECK(hr.errors == 0);
+}
+
+TEST_CASE("capture: an allocation on a capturing stream outside any pool throws, scope or no scope") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  r.capturing_streams = {A};
+  try {
+    (void)a.allocate(4096);
+    FAIL("no error");
+  } catch (const locus::error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("cuda_graph") != std::string::npos);
+    CHECK(m.find("graph_pool_scope") != std::string::npos);
+  }
+  CHECK(r.raw_allocs == 0);
+  r.capturing_streams.clear();
+  a.deallocate(a.allocate(4096));
 }

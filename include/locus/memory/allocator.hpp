@@ -22,7 +22,12 @@
 //   free, an event is recorded on each such stream (for pinned blocks, which belong
 //   to no stream, on every recorded stream: the DMA engine reads them), and the block
 //   is reusable only once all have completed. Allocation polls them
-//   (cudaEventQuery); free never blocks. A tensor used on another stream without
+//   (cudaEventQuery; only cudaSuccess counts as done, an error keeps the block
+//   pending until empty_cache or the out-of-memory path synchronizes); free never
+//   blocks (when no event can be recorded, the block stays pending until such a
+//   synchronize). A stream is (handle, GPU): record_block_use(p, s, device) names
+//   the GPU of s (cudaStreamLegacy is one handle on every GPU); events are created
+//   and recorded with that GPU current. A tensor used on another stream without
 //   record_stream is not protected: that is the user's race, as in PyTorch.
 // - A destroyed stream's blocks are not stranded: detail::release_stream_blocks(s)
 //   (called by locus::stream's destructor once the stream has finished) makes its
@@ -36,11 +41,22 @@
 // - Graph pools (detail::graph_pool, detail::graph_pool_scope): while a scope is
 //   alive on a thread, cuda allocations of that thread come from the graph's private
 //   pool and return to it; the pool's segments go back to the system when the pool
-//   is destroyed and none of its blocks is live. While any scope is alive the cuda
-//   allocator calls no cudaFree (illegal during capture); it may call cudaMalloc to
-//   grow the pool, which needs capture mode cudaStreamCaptureModeRelaxed (or a
-//   warm-up step under the scope so that capture allocates nothing new). An
-//   allocation on a capturing stream outside a pool scope throws locus::error.
+//   is destroyed and none of its blocks is live. While any scope is alive, or the
+//   allocating thread's current stream captures, the allocator calls no cudaFree,
+//   no synchronize and no cudaEventQuery (each invalidates a ThreadLocal/Global
+//   capture; pending blocks stay pending meanwhile, as PyTorch skips process_events).
+//   Growing a pool during capture calls cudaMalloc (cudaHostAlloc for pinned) under
+//   cudaThreadExchangeStreamCaptureMode(Relaxed), the previous mode restored
+//   (PyTorch's cudaMallocMaybeCapturing). A cuda allocation on a capturing stream
+//   not served from a pool throws locus::error (use the trainer's cuda_graph mode
+//   or a graph_pool_scope). A shared-cache block (cuda or pinned) freed while its
+//   own stream or a stream that used it captures is parked: the graph baked its
+//   address in, so it is never reused until empty_cache (called with no capture
+//   underway; call it only after destroying graphs that may replay into such
+//   blocks). It counts in pending_bytes meanwhile.
+// - Pinned: only the errors that mean CUDA is unavailable here (no device/driver,
+//   event_pool::unavailable) switch to pageable memory; any other cudaHostAlloc
+//   error throws cuda_error (out of memory takes the out-of-memory path).
 #pragma once
 
 #include <atomic>
@@ -214,7 +230,9 @@ inline constexpr std::uintptr_t any_stream = ~std::uintptr_t{0};
 ///   bool event_done(event_token) noexcept    (never blocks)
 ///   void release_event(event_token) noexcept (back to the resource's event pool)
 ///   bool capturing(void* stream) noexcept    (the stream is under graph capture)
-///   void synchronize() noexcept              (the host waits for the device)
+///   bool current_capturing() noexcept        (this thread's current stream captures)
+///   void synchronize() noexcept              (the host waits for every device; after
+///                                            it, every recorded event counts as done)
 ///
 /// The rules (see also the file comment):
 /// - Blocks are carved from segments (segment_size); a cached block larger than a
@@ -233,8 +251,12 @@ inline constexpr std::uintptr_t any_stream = ~std::uintptr_t{0};
 /// - Private pools (graph pools): while a pool_scope is alive on a thread, that
 ///   thread's allocations come from the pool; its blocks return only to it, and its
 ///   segments go back to the system once the pool is destroyed and none of its
-///   blocks is live or pending. While any pool scope is alive the allocator never
-///   returns memory to the system (cudaFree is illegal during capture).
+///   blocks is live or pending. While any pool scope is alive, or the allocating
+///   thread's stream captures, the allocator never returns memory to the system,
+///   never synchronizes and never queries events (no poll, no deferred processing).
+/// - Captures: a stream_ordered allocation on a capturing stream outside a pool
+///   throws locus::error; a shared-cache block freed while its stream or a user
+///   stream captures is parked until empty_cache (never reused before).
 /// - Out of memory (the limit or the system): first the cached segments that make
 ///   the room are returned (the smallest that suffices, else the largest first),
 ///   after one synchronize when pending blocks must first complete; then everything
@@ -254,7 +276,7 @@ class caching_allocator {
     std::uintptr_t stream = any_stream;  // the stream that may reuse it without events
     int place = 0;
     bool small = false;                  // from a small segment
-    enum state_t : unsigned char { free_, live, pending, deferred } state = free_;
+    enum state_t : unsigned char { free_, live, pending, deferred, parked } state = free_;
     int events = 0;                      // outstanding events while pending
     pool_state* pool = nullptr;
     block* prev = nullptr;               // neighbours in the segment
@@ -302,6 +324,7 @@ class caching_allocator {
         all.insert(q.events[i].b);
       }
     all.insert(deferred_.begin(), deferred_.end());
+    all.insert(parked_.begin(), parked_.end());
     for (block* b : all)
       if (!b->prev) resource_.raw_free(reinterpret_cast<void*>(b->addr), b->place);
     for (block* b : all) delete b;
@@ -320,16 +343,24 @@ class caching_allocator {
         Resource::stream_ordered ? reinterpret_cast<std::uintptr_t>(resource_.stream()) : any_stream;
     const tls_pool& t = current_tls();
     const bool in_pool = t.pool && t.owner == this;
-    if (!in_pool && scopes_.load(std::memory_order_relaxed) > 0 &&
-        resource_.capturing(reinterpret_cast<void*>(stream)))
+    // One query per allocation (as PyTorch's): is this thread's current stream capturing?
+    const bool capturing_now = resource_.current_capturing();
+    if (Resource::stream_ordered && !in_pool && capturing_now)
       throw error(
-          "locus: an allocation on a stream under CUDA graph capture, outside the graph's pool: its "
-          "address would be baked into the graph and handed to other tensors later; allocate under a "
-          "detail::graph_pool_scope of the graph's pool on the capturing thread");
+          "locus: an allocation on a stream under CUDA graph capture, outside a graph pool: its "
+          "address would be baked into the graph and handed to other tensors later; capture with the "
+          "trainer's cuda_graph mode, or allocate under a detail::graph_pool_scope of the graph's pool "
+          "on the capturing thread");
     std::lock_guard lock(mutex_);
+    capture_guard cg(capture_, capturing_now);
     pool_state& pool = in_pool ? *t.pool : shared_;
-    if (!queues_.empty()) poll_events();
-    if (!deferred_.empty()) process_deferred();
+    // No event queries while a capture may be underway (a pool scope is alive, or this
+    // thread's stream captures): cudaEventQuery on the capturing thread invalidates a
+    // ThreadLocal/Global capture. Pending blocks simply stay pending meanwhile.
+    if (!capture_underway()) {
+      if (!queues_.empty()) poll_events();
+      if (!deferred_.empty()) process_deferred();
+    }
     block* b = find_free(pool, small, place, stream, size);
     if (b) {
       ++cache_hits_;
@@ -354,23 +385,38 @@ class caching_allocator {
     block* b = it->second;
     live_.erase(it);
     allocated_ -= b->size;
+    const bool own_capturing = Resource::stream_ordered && b->stream != any_stream &&
+                               resource_.capturing(reinterpret_cast<void*>(b->stream));
+    const bool use_capturing = any_use_capturing(b);
+    if (b->pool == &shared_ && (own_capturing || use_capturing)) {
+      // A shared block freed while a capture that may use it is underway: the graph
+      // baked its address in, and replays would write into whoever got it next. It
+      // leaves circulation for good; only empty_cache (no capture underway) brings it
+      // back. See the class comment.
+      b->state = block::parked;
+      b->uses.clear();
+      pending_bytes_ += b->size;
+      parked_.push_back(b);
+      return;
+    }
     if (b->uses.empty()) {
       free_block(b);
       return;
     }
     pending_bytes_ += b->size;
-    if (scopes_.load(std::memory_order_relaxed) > 0 && any_use_capturing(b)) {
+    if (use_capturing) {
       b->state = block::deferred;  // events recorded once the capture is over
       deferred_.push_back(b);
       return;
     }
-    record_events(b);
+    record_events(b);  // records events, never synchronizes
   }
 
   /// Notes that the block holding `p` (anywhere inside a live block) is used by work
-  /// on `stream` (see the class comment). Pointers the allocator did not hand out are
-  /// ignored, as is the block's own stream.
-  void record_use(const void* p, void* stream) {
+  /// on `stream` of GPU `place` (see the class comment). Pointers the allocator did
+  /// not hand out are ignored, as is the block's own (stream, place). A stream is
+  /// named by (handle, place): cudaStreamLegacy is the same handle on every GPU.
+  void record_use(const void* p, void* stream, int place) {
     const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
     const std::uintptr_t s = reinterpret_cast<std::uintptr_t>(stream);
     std::lock_guard lock(mutex_);
@@ -378,11 +424,13 @@ class caching_allocator {
     if (it == live_.begin()) return;
     block* b = (--it)->second;
     if (a >= b->addr + b->size) return;
-    if (Resource::stream_ordered && s == b->stream) return;
+    if (Resource::stream_ordered && s == b->stream && place == b->place) return;
     for (const auto& u : b->uses)
-      if (u.stream == s) return;
-    b->uses.push_back({s, resource_.current_place()});
+      if (u.stream == s && u.place == place) return;
+    b->uses.push_back({s, place});
   }
+  /// The same, for a stream of the current GPU.
+  void record_use(const void* p, void* stream) { record_use(p, stream, resource_.current_place()); }
 
   /// `stream` is finished (synchronised) and about to be destroyed: its blocks become
   /// any-stream blocks (see the class comment).
@@ -407,6 +455,8 @@ class caching_allocator {
       if (b->stream == s) b->stream = any_stream;
       drop_uses(b);
     }
+    for (block* b : parked_)
+      if (b->stream == s) b->stream = any_stream;
     for (auto& q : queues_)
       for (std::size_t i = q.head; i < q.events.size(); ++i)
         if (q.events[i].b->stream == s) q.events[i].b->stream = any_stream;
@@ -443,14 +493,24 @@ class caching_allocator {
     return s;
   }
   /// Returns every cached segment with no live or pending block to the system (after
-  /// one synchronize when pending blocks exist, so that they can complete). Does
-  /// nothing while a pool scope is alive.
+  /// one synchronize when pending blocks exist, so that they can complete), and puts
+  /// blocks freed during a capture (parked) back into circulation. Does nothing while
+  /// a pool scope is alive or this thread's stream captures.
   void empty_cache() {
+    if (resource_.current_capturing()) return;
     std::lock_guard lock(mutex_);
     if (!may_free()) return;
     if (!queues_.empty()) {
       resource_.synchronize();
-      poll_events();
+      complete_all_events();
+    }
+    if (!parked_.empty()) {
+      std::vector<block*> parked;
+      parked.swap(parked_);
+      for (block* b : parked) {
+        pending_bytes_ -= b->size;
+        free_block(b);
+      }
     }
     release(shared_, std::numeric_limits<std::size_t>::max(), false);
   }
@@ -518,6 +578,7 @@ class caching_allocator {
   };
   struct stream_queue {
     std::uintptr_t stream;
+    int place;
     std::vector<pending_event> events;  // in recording order: they complete in order
     std::size_t head = 0;               // events[head..] are outstanding
   };
@@ -527,7 +588,35 @@ class caching_allocator {
     return t;
   }
 
-  bool may_free() const noexcept { return scopes_.load(std::memory_order_relaxed) == 0; }
+  /// No system frees (and no synchronize) while a pool scope is alive or the
+  /// allocating thread's stream captures.
+  bool may_free() const noexcept { return scopes_.load(std::memory_order_relaxed) == 0 && !capture_; }
+  bool capture_underway() const noexcept { return !may_free(); }
+  /// Sets capture_ for one allocation (under the mutex), clears it on every exit.
+  struct capture_guard {
+    bool& flag;
+    capture_guard(bool& f, bool v) noexcept : flag(f) { flag = v; }
+    capture_guard(const capture_guard&) = delete;
+    capture_guard& operator=(const capture_guard&) = delete;
+    ~capture_guard() { flag = false; }
+  };
+
+  /// After a synchronize, every event recorded before it has completed (or the
+  /// context has failed and nothing will run again): release them all, without
+  /// querying (a failed query or recording counts as done only here).
+  void complete_all_events() noexcept {
+    std::vector<stream_queue> queues;
+    queues.swap(queues_);
+    for (auto& q : queues)
+      for (std::size_t h = q.head; h < q.events.size(); ++h) {
+        const pending_event e = q.events[h];
+        resource_.release_event(e.token);
+        if (--e.b->events == 0) {
+          pending_bytes_ -= e.b->size;
+          free_block(e.b);
+        }
+      }
+  }
 
   bool any_use_capturing(const block* b) noexcept {
     for (const auto& u : b->uses)
@@ -541,9 +630,9 @@ class caching_allocator {
       const event_token tok = resource_.record_event(u.place, reinterpret_cast<void*>(u.stream));
       stream_queue* q = nullptr;
       for (auto& x : queues_)
-        if (x.stream == u.stream) q = &x;
+        if (x.stream == u.stream && x.place == u.place) q = &x;
       if (!q) {
-        queues_.push_back(stream_queue{u.stream, {}});
+        queues_.push_back(stream_queue{u.stream, u.place, {}});
         q = &queues_.back();
       }
       q->events.push_back({tok, b});
@@ -677,7 +766,7 @@ class caching_allocator {
   block* sync_and_find(pool_state& pool, std::size_t size, bool small, int place, std::uintptr_t stream) noexcept {
     resource_.synchronize();
     if (queues_.empty()) return nullptr;
-    poll_events();
+    complete_all_events();
     return find_free(pool, small, place, stream, size);
   }
 
@@ -755,9 +844,9 @@ class caching_allocator {
       }
     };
     collect();
-    if (!all && total < need && sync_if_short && !queues_.empty()) {
+    if (!all && total < need && sync_if_short && !queues_.empty() && may_free()) {
       resource_.synchronize();
-      poll_events();
+      complete_all_events();
       collect();
     }
     if (all ? segs.empty() : total < need) return false;
@@ -812,7 +901,9 @@ class caching_allocator {
   std::map<std::uintptr_t, block*> live_;
   std::vector<stream_queue> queues_;
   std::vector<block*> deferred_;
+  std::vector<block*> parked_;  // freed during a capture: out of circulation (see deallocate)
   std::atomic<int> scopes_{0};
+  bool capture_ = false;        // the allocation under way runs on a capturing stream
   std::size_t allocated_ = 0, reserved_ = 0, peak_ = 0, allocations_ = 0, cache_hits_ = 0,
               pending_bytes_ = 0, system_allocations_ = 0;
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
@@ -877,12 +968,17 @@ class place_guard {
 class event_pool {
  public:
   struct token {
-    cudaEvent_t event = nullptr;  // null: nothing to wait for
+    cudaEvent_t event = nullptr;  // null: nothing to wait for (unless failed)
     int device = 0;
+    bool failed = false;  // no event could be recorded: done only after a synchronize
   };
+  /// Records an event on `stream` of GPU `device` (made current for the call, the
+  /// previous device restored). Never blocks: when no event can be recorded the token
+  /// says so, and the block stays pending until the allocator synchronizes the device
+  /// (empty_cache, out of memory).
   token record(int device, void* stream) noexcept {
     place_guard g(device);
-    token t{nullptr, device};
+    token t{nullptr, device, false};
     if (static_cast<std::size_t>(device) < free_.size() && !free_[static_cast<std::size_t>(device)].empty()) {
       t.event = free_[static_cast<std::size_t>(device)].back();
       free_[static_cast<std::size_t>(device)].pop_back();
@@ -890,21 +986,21 @@ class event_pool {
       t.event = nullptr;
     }
     if (t.event && cudaEventRecord(t.event, static_cast<cudaStream_t>(stream)) == cudaSuccess) return t;
-    // No event: wait for the stream here instead (rare: an error path).
+    // No event (rare: an error path). Not waited for here (the allocator's mutex is
+    // held): the block stays pending until a synchronize.
     (void)cudaGetLastError();
     if (t.event) release(t);
-    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    (void)cudaGetLastError();
-    return token{nullptr, device};
+    return token{nullptr, device, true};
   }
+  /// Only cudaSuccess is done. Not ready, or any error, keeps the block pending (an
+  /// error is not retried in a loop: the allocator polls once per allocation, and its
+  /// empty_cache / out-of-memory paths synchronize and then count every event done).
   static bool done(token t) noexcept {
-    if (!t.event) return true;
+    if (!t.event) return !t.failed;
     const cudaError_t st = cudaEventQuery(t.event);
     if (st == cudaSuccess) return true;
     (void)cudaGetLastError();
-    // Not ready, or an error: a failed context will not complete anything, and
-    // keeping the block forever helps no one.
-    return st != cudaErrorNotReady;
+    return false;
   }
   void release(token t) noexcept {
     if (!t.event) return;
@@ -912,13 +1008,59 @@ class event_pool {
     if (free_.size() <= d) free_.resize(d + 1);
     free_[d].push_back(t.event);
   }
+  /// The errors that mean CUDA is unavailable on this machine (no driver, no device,
+  /// a driver too old or mismatched, not supported). For cudaHostAlloc only these
+  /// switch pinned memory to the pageable fallback, for good.
+  static bool unavailable(cudaError_t st) noexcept {
+    switch (st) {
+      case cudaErrorNoDevice:
+      case cudaErrorInsufficientDriver:
+      case cudaErrorInitializationError:
+      case cudaErrorNotSupported:
+      case cudaErrorStubLibrary:
+      case cudaErrorDevicesUnavailable:
+      case cudaErrorSystemNotReady:
+      case cudaErrorSystemDriverMismatch:
+      case cudaErrorCompatNotSupportedOnDevice:
+        return true;
+      default:
+        return false;
+    }
+  }
   static bool capturing(void* stream) noexcept {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st) != cudaSuccess) {
+    const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+    if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      return true;  // e.g. the legacy stream while another stream captures: not safe
+      // e.g. the legacy stream while another stream captures: not safe. Without a
+      // usable driver nothing can capture.
+      return !unavailable(e);
     }
     return st != cudaStreamCaptureStatusNone;
+  }
+  /// cudaMalloc / cudaHostAlloc; when the current stream captures, under capture mode
+  /// Relaxed for the call (ThreadLocal and Global forbid them on the capturing thread;
+  /// PyTorch's cudaMallocMaybeCapturing), the previous mode restored.
+  template <class F>
+  static cudaError_t maybe_capturing(F&& f) noexcept {
+    if (!capturing(static_cast<void*>(current_stream()))) return f();
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaError_t st = f();
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    return st;
+  }
+  /// Waits for every GPU (after it, every event recorded before has completed).
+  static void synchronize_all() noexcept {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    for (int d = 0; d < n; ++d) {
+      place_guard g(d);
+      if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    }
   }
   static int current_device() noexcept {
     int d = 0;
@@ -945,13 +1087,15 @@ class pinned_resource {
   void* raw_allocate(std::size_t bytes) {
     if (!fallback_) {
       void* p = nullptr;
-      const cudaError_t st = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      const cudaError_t st =
+          event_pool::maybe_capturing([&] { return cudaHostAlloc(&p, bytes, cudaHostAllocDefault); });
       if (st == cudaSuccess) {
         locked_.push_back(p);
         return p;
       }
       (void)cudaGetLastError();
       if (st == cudaErrorMemoryAllocation) return nullptr;
+      if (!event_pool::unavailable(st)) LOCUS_CUDA_CHECK(st);  // a real error: throws cuda_error
       fallback_ = true;  // no driver or no device: page-locking is not available here
     }
     return aligned_host_alloc(bytes);
@@ -968,20 +1112,23 @@ class pinned_resource {
     std::free(p);
   }
   int place() const noexcept { return 0; }
-  int current_place() const noexcept { return fallback_ ? 0 : event_pool::current_device(); }
+  int current_place() const noexcept { return uses_cuda() ? event_pool::current_device() : 0; }
   void* stream() const noexcept { return nullptr; }
   bool fallback() const noexcept { return fallback_; }
+  // Page-locked blocks (locked_) keep getting events even after a later fallback.
   event_token record_event(int place, void* s) noexcept {
-    return fallback_ ? event_token{} : events_.record(place, s);
+    return uses_cuda() ? events_.record(place, s) : event_token{};
   }
   bool event_done(event_token t) noexcept { return event_pool::done(t); }
   void release_event(event_token t) noexcept { events_.release(t); }
-  bool capturing(void* s) noexcept { return !fallback_ && event_pool::capturing(s); }
+  bool capturing(void* s) noexcept { return uses_cuda() && event_pool::capturing(s); }
+  bool current_capturing() noexcept { return capturing(static_cast<void*>(current_stream())); }
   void synchronize() noexcept {
-    if (!fallback_ && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    if (uses_cuda()) event_pool::synchronize_all();
   }
 
  private:
+  bool uses_cuda() const noexcept { return !fallback_ || !locked_.empty(); }
   bool fallback_ = false;
   std::vector<void*> locked_;
   event_pool events_;
@@ -995,7 +1142,7 @@ class cuda_resource {
   using event_token = event_pool::token;
   void* raw_allocate(std::size_t bytes) {
     void* p = nullptr;
-    const cudaError_t st = cudaMalloc(&p, bytes);
+    const cudaError_t st = event_pool::maybe_capturing([&] { return cudaMalloc(&p, bytes); });
     if (st == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       return nullptr;
@@ -1019,9 +1166,8 @@ class cuda_resource {
   bool event_done(event_token t) noexcept { return event_pool::done(t); }
   void release_event(event_token t) noexcept { events_.release(t); }
   bool capturing(void* s) noexcept { return event_pool::capturing(s); }
-  void synchronize() noexcept {
-    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-  }
+  bool current_capturing() noexcept { return event_pool::capturing(stream()); }
+  void synchronize() noexcept { event_pool::synchronize_all(); }
 
  private:
   event_pool events_;
@@ -1059,12 +1205,19 @@ auto& allocator_for() {
 /// freed, an event is recorded on `s` and the block is not reused until it has
 /// completed. Pointers no caching allocator handed out (cpu memory, foreign memory
 /// of unsafe_view) are ignored; so is a cuda block's own allocation stream.
-/// (A template only so that files that never call it instantiate nothing.)
+/// `device` is the GPU of `s` (the event is created and recorded with it current;
+/// cudaStreamLegacy names a different stream on each GPU); the 2-argument form takes
+/// the current GPU. (A template only so that files that never call it instantiate
+/// nothing.)
+template <class D = cuda>
+void record_block_use(const void* p, cudaStream_t s, int device) {
+  if (!p) return;
+  allocator_for<D>().record_use(p, static_cast<void*>(s), device);
+  allocator_for<pinned>().record_use(p, static_cast<void*>(s), device);
+}
 template <class D = cuda>
 void record_block_use(const void* p, cudaStream_t s) {
-  if (!p) return;
-  allocator_for<D>().record_use(p, static_cast<void*>(s));
-  allocator_for<pinned>().record_use(p, static_cast<void*>(s));
+  record_block_use<D>(p, s, event_pool::current_device());
 }
 
 /// For a stream that has finished its work (synchronised) and is about to be
