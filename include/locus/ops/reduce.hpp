@@ -461,12 +461,15 @@ struct column_reader {
     if constexpr (Linear) {
       c.idx[0] = o * len * inner + i;
     } else if constexpr (Axis == runtime_axis) {
-      for (std::size_t k = R; k-- > axis + 1;) {
+      // axis < R (checked by the caller); said again so that g++ -O3 sees the bounds
+      // (it otherwise warns of reads past shape.v: -Wmaybe-uninitialized).
+      const std::size_t ax = axis < R ? axis : R - 1;
+      for (std::size_t k = R; k-- > ax + 1;) {
         c.idx[k] = i % shape.v[k];
         i /= shape.v[k];
       }
-      c.idx[axis] = 0;
-      for (std::size_t k = axis; k-- > 0;) {
+      c.idx[ax] = 0;
+      for (std::size_t k = ax; k-- > 0;) {
         c.idx[k] = o % shape.v[k];
         o /= shape.v[k];
       }
