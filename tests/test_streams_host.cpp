@@ -95,6 +95,39 @@ TEST_CASE("a host read waits for every other locus stream of the memory's device
   CHECK(locus::detail::streams_to_wait_for({}, cudaStreamLegacy, 0).empty());
 }
 
+TEST_CASE("a host read skips the streams that are capturing a graph (a marker would join the capture)") {
+  using locus::detail::registered_stream;
+  const std::vector<registered_stream> all{{fake_stream(0), 0, fake_event(0)},
+                                           {fake_stream(1), 0, fake_event(1)},
+                                           {fake_stream(2), 0, fake_event(2)},
+                                           {fake_stream(3), 1, fake_event(3)}};
+  std::vector<cudaStream_t> asked;
+  auto stream1_captures = [&](cudaStream_t s) {
+    asked.push_back(s);
+    return s == fake_stream(1);
+  };
+  CHECK(locus::detail::streams_to_wait_for(all, cudaStreamLegacy, 0, stream1_captures) ==
+        std::vector<std::size_t>{0, 2});
+  // Asked only about the candidates (device 0, not the reader): never about device 1's.
+  CHECK(asked == std::vector<cudaStream_t>{fake_stream(0), fake_stream(1), fake_stream(2)});
+  // Every stream capturing: none to wait for; the reader itself is never asked about.
+  asked.clear();
+  auto all_capture = [&](cudaStream_t s) {
+    asked.push_back(s);
+    return true;
+  };
+  CHECK(locus::detail::streams_to_wait_for(all, fake_stream(2), 0, all_capture).empty());
+  CHECK(asked == std::vector<cudaStream_t>{fake_stream(0), fake_stream(1)});
+  // None capturing: the same as the two-argument rule.
+  CHECK(locus::detail::streams_to_wait_for(all, cudaStreamLegacy, 0, [](cudaStream_t) { return false; }) ==
+        locus::detail::streams_to_wait_for(all, cudaStreamLegacy, 0));
+  // No driver: the runtime's query fails, which counts as not
+  // capturing (the marker's record then reports the error).
+  if (!locus::cuda_available()) {
+    CHECK_FALSE(locus::detail::stream_is_capturing(cudaStreamLegacy));
+  }
+}
+
 TEST_CASE("stream_registry: add, remove, count per device; ordering calls only what it must") {
   locus::detail::stream_registry r;
   r.add(fake_stream(0), 0, fake_event(0));

@@ -108,6 +108,39 @@ TEST_CASE("trainer: cuda_graph = true on a host trainer is a locus::value_error 
   CHECK(nn::sequential<nn::linear<locus::cpu, locus::amp::fp32>, nn::dropout<locus::cpu, locus::amp::fp32>>::has_dropout);
 }
 
+TEST_CASE("trainer: cuda_graph = true with an unfused step (check_finite = false, no scaler) is refused") {
+  // The unfused optimizer step takes the learning rate as a kernel argument: a replayed
+  // graph would keep the captured step's rate (a schedule would stop at its first value).
+  namespace nn = locus::nn;
+  nn::sequential m(nn::linear<locus::cpu, locus::amp::fp32>(4, 3));
+  locus::optim::adamw<locus::cpu> opt(m.parameters());
+  using T = locus::train::trainer<decltype(m), decltype(opt), nn::cross_entropy>;
+  bool refused = false;
+  try {
+    T t(m, opt, nn::cross_entropy{}, {.cuda_graph = true, .check_finite = false});
+  } catch (const locus::value_error& e) {
+    refused = true;
+    const std::string w = e.what();
+    CHECK(w.find("check_finite = false") != std::string::npos);
+    CHECK(w.find("learning rate") != std::string::npos);
+    CHECK(w.find("keep check_finite = true") != std::string::npos);
+  }
+  CHECK(refused);
+  // check_finite = false without graph mode is fine, and so is the fused graph request
+  // (refused on this host trainer for the other reason only).
+  T plain(m, opt, nn::cross_entropy{}, {.cuda_graph = false, .check_finite = false});
+  auto x = locus::zeros<float, locus::cpu>({2, 4});
+  auto y = locus::zeros<std::int64_t, locus::cpu>({2});
+  plain.step(x, y);
+  CHECK(plain.optimizer_steps() == 1);
+  try {
+    T t(m, opt, nn::cross_entropy{}, {.cuda_graph = true, .check_finite = true});
+    FAIL("constructed");
+  } catch (const locus::value_error& e) {
+    CHECK(std::string(e.what()).find("needs a trainer on cuda") != std::string::npos);
+  }
+}
+
 #if LOCUS_HAS_CUDA
 TEST_CASE("cuBLASLt plan cache: the key tells apart every property a plan depends on, and only those") {
   using locus::detail::cublaslt_gemm_args;

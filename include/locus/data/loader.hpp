@@ -74,6 +74,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -246,7 +247,13 @@ class loader {
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) cuda_.consumer = locus::detail::current_stream_for(cuda_.device);
 #endif
-    worker_ = std::thread([this] { produce(); });
+    try {
+      worker_ = std::thread([this] { produce(); });
+    } catch (const std::system_error& e) {  // no thread left: a locus::error like every failure
+      active_ = false;
+      throw error(std::string("locus: loader could not start its producer thread: ") + e.what() +
+                  "; lower the number of threads the process runs, or read the dataset without a loader");
+    }
     advance();
     return iterator(this);
   }
@@ -288,11 +295,16 @@ class loader {
       // Work enqueued on the consumer's stream from now on runs after the copies (the
       // host does not wait), and the batch's blocks are not reused before that stream
       // is done with them. A failure ends the epoch like any other error.
+      // The batch's device is made current first: the consumer's stream is this thread's
+      // stream of that device, and for the default stream the handle is cudaStreamLegacy,
+      // which names the legacy stream of the *current* device (with device 0 current, the
+      // wait would land on device 0 while the batch lives on device 1).
       try {
+        locus::detail::device_scope on_device(cuda_.device);
         const cudaStream_t on = locus::detail::current_stream_for(cuda_.device);
         LOCUS_CUDA_CHECK(cudaStreamWaitEvent(on, it.copied->native_handle(), 0));
-        locus::detail::record_on_stream(it.b->x, on);
-        locus::detail::record_on_stream(it.b->y, on);
+        locus::detail::record_on_stream(it.b->x, on, cuda_.device);
+        locus::detail::record_on_stream(it.b->y, on, cuda_.device);
       } catch (...) {
         it.b.reset();
         stop();
@@ -306,7 +318,19 @@ class loader {
 
   void finish_epoch() {
     active_ = false;
-    if (worker_.joinable()) worker_.join();
+    join_worker();
+  }
+
+  // join() throws std::system_error only for a thread that cannot be joined (this one,
+  // or a deadlock the runtime detects), neither of which a joinable producer that is
+  // told to stop can be; stop() is noexcept, so it must not escape: detached instead.
+  void join_worker() noexcept {
+    if (!worker_.joinable()) return;
+    try {
+      worker_.join();
+    } catch (...) {
+      if (worker_.joinable()) worker_.detach();
+    }
   }
 
   void stop() noexcept {
@@ -315,7 +339,7 @@ class loader {
       stop_ = true;
     }
     space_cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    join_worker();
 #if LOCUS_HAS_CUDA
     // Batches never handed out may still be being written by the side stream.
     if constexpr (is_cuda)
@@ -369,8 +393,8 @@ class loader {
           const cudaStream_t side = cuda_.side->native_handle();
           // Used by the side stream's copy: freed unconsumed (or on an error below), the
           // blocks are not reused before it is done.
-          locus::detail::record_on_stream(b.x, side);
-          locus::detail::record_on_stream(b.y, side);
+          locus::detail::record_on_stream(b.x, side, cuda_.device);
+          locus::detail::record_on_stream(b.y, side, cuda_.device);
           cuda_.side->wait(*consumer_ready);
           event copied;
           // From here on the staging must outlive the copies: it goes into `staging`

@@ -32,7 +32,13 @@
 // (use the loader's drop_last to avoid them). The caller's stream waits for
 // each step, so report(), evaluate() and the loader's reuse of the batch are ordered
 // after it. Refused (locus::error at construction): a trainer on a host device (a
-// run-time flag, so a run-time error) and a model with dropout (its mask would repeat).
+// run-time flag, so a run-time error), a model with dropout (its mask would repeat) and
+// an unfused optimizer step (check_finite = false without a scaler, an optimizer without
+// fused_step, a scaler without options()): that step takes the learning rate as a kernel
+// argument, which a graph would freeze at the captured step's value. Warm-up: every
+// branch of the cycle runs eagerly once before the first capture (with accumulate >= 3
+// the micro-batch branch runs eagerly until the update branch has), so no eager step
+// allocates from the pool after a graph was captured in it.
 // Label errors in graph mode name "the batch", not the micro-step.
 //
 // Capture safety at compile time: locus has no user-facing captured region. Graph mode
@@ -463,6 +469,27 @@ class trainer {
     // gradients): refused here, before any step.
     check_bound(false);
     if (o_.cuda_graph) {
+      // The unfused step takes the learning rate (adamw, sgd) and the guard's step
+      // numbers as kernel arguments: a graph would bake in those of the captured step and
+      // replay them forever. Only the fused step reads them from device memory.
+      if constexpr (!fusable()) {
+        if constexpr (has_scaler)
+          throw ::locus::value_error(
+              "locus: trainer option cuda_graph = true needs the fused optimizer step, but this grad scaler has no "
+              "options() (growth_factor, backoff_factor, growth_interval), so the step runs unfused and a replayed "
+              "graph would keep the learning rate of the captured step; use locus::amp::grad_scaler, or train "
+              "without cuda_graph");
+        else
+          throw ::locus::value_error(
+              "locus: trainer option cuda_graph = true needs the fused optimizer step, but this optimizer has no "
+              "fused_step, so a replayed graph would keep the learning rate of the captured step; use "
+              "locus::optim::adamw or sgd, or train without cuda_graph");
+      } else if (!fused()) {
+        throw ::locus::value_error(
+            "locus: trainer option cuda_graph = true with check_finite = false and no grad scaler: the optimizer "
+            "step then runs unfused, and a replayed graph would keep the learning rate (and step numbers) of the "
+            "captured step; keep check_finite = true (the fused step checks for free), or train without cuda_graph");
+      }
       if constexpr (!std::is_same_v<device, cuda>)
         throw ::locus::value_error(
             "locus: trainer option cuda_graph = true needs a trainer on cuda, but this one is on a host device, "
@@ -593,9 +620,13 @@ class trainer {
           1, detail::accumulate_loss_kernel<A>{running_.data_handle(), l.data_handle(), weight, first_bad, vars, micro});
     } catch (const out_of_memory&) {
       // The weights are untouched (only optimizer steps write them); drop the partial
-      // gradients so the next step starts clean.
-      model_->parameters().zero_grad();
-      micro_ = 0;
+      // gradients so the next step starts clean. While capturing, a zero_grad here would
+      // only join the graph that is about to be discarded: graph_step runs it after the
+      // capture ended.
+      if (!capturing_) {
+        model_->parameters().zero_grad();
+        micro_ = 0;
+      }
       throw;
     }
     if (update) optimizer_step(micro);
@@ -747,11 +778,16 @@ class trainer {
     ~graph_state() {
       (void)cudaStreamSynchronize(stream);
       drop();
-      {
-        locus::stream_guard on(owned);  // the buffers go back to this stream's cache
+      // The buffers go back to this stream's cache. Making the stream current can throw
+      // (its device cannot be made current: a lost device); a destructor must not, so
+      // the buffers are then freed by the members' destructors under the caller's stream
+      // (the stream was synchronised above: nothing of it still reads them).
+      try {
+        locus::stream_guard on(owned);
         x = tensor<C, device, 2>();
         y = target_tensor();
         vars = tensor<std::int64_t, device, 1>();
+      } catch (...) {
       }
       (void)cudaEventDestroy(ready);
       (void)cudaEventDestroy(done);
@@ -781,6 +817,22 @@ class trainer {
       LOCUS_CUDA_CHECK(cudaEventRecord(done, stream));
       LOCUS_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
     }
+    /// end() on an error path: the original error is the one to report, so a failure
+    /// here (already a broken device) is dropped, and the caller's stream then waits for
+    /// the whole graph stream instead.
+    void end_after_error(std::optional<locus::stream_guard>& on) noexcept {
+      on.reset();
+      try {
+        end(on);
+      } catch (...) {
+        (void)cudaStreamSynchronize(stream);
+        (void)cudaGetLastError();
+      }
+    }
+    /// Whether every branch this accumulation cycle uses has run its eager warm-up:
+    /// captures wait for that, so that no eager step allocates from the pool after a
+    /// graph (whose temporaries the pool keeps for it) was captured in it.
+    [[nodiscard]] bool all_warmed(int accumulate) const noexcept { return warmed[1] && (accumulate == 1 || warmed[0]); }
     /// Captures f() as branch b's graph and instantiates it. Thread-local mode: this
     /// thread may not call what breaks a capture (the runtime reports it, and it becomes
     /// a cuda_error); other threads (the loader's) are not restricted.
@@ -826,22 +878,46 @@ class trainer {
                                        cudaMemcpyDeviceToDevice, g.stream));
       LOCUS_CUDA_CHECK(cudaMemcpyAsync(g.y.data_handle(), yv.data_handle(), g.y.size_bytes(),
                                        cudaMemcpyDeviceToDevice, g.stream));
+      // The copies read the batch on the graph stream: its blocks (the loader's, the
+      // caller's) are not reused before they are done, even when freed before the
+      // caller's stream waits for this step.
+      locus::detail::record_on_stream(xv, g.stream, g.owned.device());
+      locus::detail::record_on_stream(yv, g.stream, g.owned.device());
       const detail::step_vars v{micro_step_, micro_ == 0 ? micro_step_ : window_first_, static_cast<float>(opt_->lr()), 0};
       locus::detail::launch_n<device>(1, detail::set_vars_kernel{g.vars_ptr(), v});
       const auto gx = std::as_const(g.x).view();
       const typename loss_state::target_view gy(std::as_const(g.y).view());
       const int b = update ? 1 : 0;
-      if (!g.warmed[b]) {
+      // Eager steps (under the pool) until every branch of the cycle has run once, then
+      // captures: with accumulate >= 3, branch 0 runs eagerly again while branch 1 has
+      // not warmed up yet, instead of being captured before it.
+      if (!g.exec[b] && (!g.warmed[b] || !g.all_warmed(o_.accumulate))) {
         locus::detail::graph_pool_scope scope(*g.pool);
         enqueue_step(gx, gy, update, g.vars_ptr());
         g.warmed[b] = true;
       } else {
-        if (!g.exec[b]) g.capture(b, [&] { enqueue_step(gx, gy, update, g.vars_ptr()); });
+        if (!g.exec[b]) {
+          capturing_ = true;
+          try {
+            g.capture(b, [&] { enqueue_step(gx, gy, update, g.vars_ptr()); });
+          } catch (const out_of_memory&) {
+            // The capture has ended (g.capture ends it before rethrowing): now the clean-up
+            // enqueue_step skipped runs for real, on the graph stream.
+            capturing_ = false;
+            model_->parameters().zero_grad();
+            micro_ = 0;
+            throw;
+          } catch (...) {
+            capturing_ = false;
+            throw;
+          }
+          capturing_ = false;
+        }
         LOCUS_CUDA_CHECK(cudaGraphLaunch(g.exec[b], g.stream));
       }
       advance(xv.shape()[0], update);
     } catch (...) {
-      g.end(on);
+      g.end_after_error(on);
       throw;
     }
     g.end(on);
@@ -875,6 +951,7 @@ class trainer {
   // micro-step of the optimizer step that tripped the guard; -1: none.
   tensor<std::int64_t, device, 1> diag_;
   std::int64_t window_first_ = 0;  // the first micro-step of the optimizer step being accumulated
+  bool capturing_ = false;         // graph mode: enqueue_step runs inside a capture
   tensor<C, device, 2> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };

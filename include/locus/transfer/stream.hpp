@@ -305,6 +305,15 @@ void record_on_stream(const X& t, cudaStream_t s) {
   const void* p = static_cast<const void*>(as_view(t).data_handle());
   if (p) record_block_use(p, s);
 }
+/// The same for a stream of `device` (the stream's own device, which need not be the
+/// current one: the allocator files the use under that device's blocks).
+template <class X>
+void record_on_stream(const X& t, cudaStream_t s, int device) {
+  const void* p = static_cast<const void*>(as_view(t).data_handle());
+  if (!p) return;
+  device_scope on_device(device);
+  record_block_use(p, s);
+}
 }  // namespace detail
 
 /// Tells locus that work on stream `s` uses t's memory (a cuda or pinned tensor or
@@ -316,7 +325,7 @@ template <class X>
 void record_stream(const X& t, const stream& s) {
   if constexpr (detail::require_stream_recordable<X>()) {
     if (!s.native_handle()) throw error("locus: record_stream on a moved-from locus::stream");
-    detail::record_on_stream(t, s.native_handle());
+    detail::record_on_stream(t, s.native_handle(), s.device());
   }
 }
 

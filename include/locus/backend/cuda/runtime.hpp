@@ -165,13 +165,38 @@ struct registered_stream {
 
 /// Which registered streams a host read from `device`, copying on `reader`, must wait
 /// for: every stream of that device except the reader itself (its own order already
-/// holds). The pure part of order_host_read, for the host suite.
-inline std::vector<std::size_t> streams_to_wait_for(const std::vector<registered_stream>& all,
-                                                    cudaStream_t reader, int device) {
+/// holds) and except the streams `capturing(handle)` says are capturing a CUDA graph.
+/// A capturing stream executes nothing new: what is enqueued on it during the capture
+/// becomes a graph that runs only when launched, so no host read can need it yet.
+/// Recording a marker on it would instead join the read into the capture (another
+/// thread's to<cpu> while the trainer captures its step) and invalidate the capture.
+/// Not waited for either: work enqueued on that stream before its capture began (in
+/// locus, only the trainer's copy of the batch into its own static buffers, which no
+/// one else reads); a host read of memory such a stream writes is the caller's race.
+/// The pure part of order_after_all, for the host suite.
+template <class Capturing>
+std::vector<std::size_t> streams_to_wait_for(const std::vector<registered_stream>& all, cudaStream_t reader,
+                                             int device, Capturing&& capturing) {
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < all.size(); ++i)
-    if (all[i].device == device && all[i].handle != reader) out.push_back(i);
+    if (all[i].device == device && all[i].handle != reader && !capturing(all[i].handle)) out.push_back(i);
   return out;
+}
+inline std::vector<std::size_t> streams_to_wait_for(const std::vector<registered_stream>& all,
+                                                    cudaStream_t reader, int device) {
+  return streams_to_wait_for(all, reader, device, [](cudaStream_t) { return false; });
+}
+
+/// Whether s is capturing a CUDA graph (cudaStreamIsCapturing says so, active or
+/// invalidated); a stream the runtime cannot query counts as not capturing (the
+/// marker's record then reports the runtime's error).
+inline bool stream_is_capturing(cudaStream_t s) noexcept {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
 }
 
 class stream_registry {
@@ -200,11 +225,12 @@ class stream_registry {
   }
 
   /// Makes `reader` (a stream of the current device, `device`) wait for the work
-  /// enqueued so far on every registered stream of that device and on the legacy
-  /// stream. The host does not block here.
+  /// enqueued so far on every registered stream of that device that is not capturing a
+  /// graph (see streams_to_wait_for) and on the legacy stream. The host does not block
+  /// here.
   void order_after_all(cudaStream_t reader, int device) {
     std::lock_guard lock(mutex_);
-    for (std::size_t i : streams_to_wait_for(streams_, reader, device)) {
+    for (std::size_t i : streams_to_wait_for(streams_, reader, device, stream_is_capturing)) {
       LOCUS_CUDA_CHECK(cudaEventRecord(streams_[i].marker, streams_[i].handle));
       LOCUS_CUDA_CHECK(cudaStreamWaitEvent(reader, streams_[i].marker, 0));
     }
