@@ -310,9 +310,7 @@ void record_on_stream(const X& t, cudaStream_t s) {
 template <class X>
 void record_on_stream(const X& t, cudaStream_t s, int device) {
   const void* p = static_cast<const void*>(as_view(t).data_handle());
-  if (!p) return;
-  device_scope on_device(device);
-  record_block_use(p, s);
+  if (p) record_block_use(p, s, device);
 }
 }  // namespace detail
 
