@@ -7,7 +7,8 @@
 // one JSON line.
 //
 //   bench_train [--epochs N] [--batch-size N] [--threads N] [--device cpu|cuda]
-//               [--precision fp32|bf16|fp16] [--data DIR] [--hidden A,B]
+//               [--precision fp32|bf16|fp16] [--data DIR] [--hidden A,B] [--cuda-graph 1]
+// --cuda-graph 1 trains in the trainer's CUDA graph mode (cuda only).
 #include <locus/data/loader.hpp>
 #include <locus/train.hpp>
 
@@ -34,6 +35,7 @@ struct args {
   std::string precision = "fp32";
   std::string data = "/usr/share/datasets/fashion-mnist";
   locus::index_t hidden[2] = {256, 128};
+  bool cuda_graph = false;
 };
 
 /// dst[b, :] = src[order[first + b], :]
@@ -107,12 +109,13 @@ int run(const args& a) {
         static_cast<long long>(a.batch), static_cast<long long>(h0), static_cast<long long>(h1), a.threads, a.epochs,
         sps, dt, loss);
   };
+  const locus::train::options o{.cuda_graph = a.cuda_graph};
   if constexpr (locus::amp::needs_loss_scaling<P>) {
     locus::amp::grad_scaler<D> scaler;
-    locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler);
+    locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler, o);
     body(t);
   } else {
-    locus::train::trainer t(model, opt, nn::cross_entropy{});
+    locus::train::trainer t(model, opt, nn::cross_entropy{}, o);
     body(t);
   }
   return 0;
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
     else if (k == "--device") a.device = v;
     else if (k == "--precision") a.precision = v;
     else if (k == "--data") a.data = v;
+    else if (k == "--cuda-graph") a.cuda_graph = v == "1" || v == "true" || v == "on";
     else if (k == "--hidden") {
       long long x = 0, y = 0;
       char tail = 0;

@@ -460,15 +460,21 @@ def gpu_main(a):
                              f"{x['seconds'] * 1e3:.3g} ms, {rate}", l_txt, r_txt))
             elif n == "mlp_train":
                 prec = {"none": "fp32"}.get(x["amp"], x["amp"])
-                loc = locus_train.get(prec)
-                l_txt = r_txt = ""
-                if loc:
-                    l_txt = f"{loc['samples_per_s']:,.0f} samples/s, loss {loc.get('final_loss', float('nan')):.3f}"
-                    r_txt = f"{loc['samples_per_s'] / x['samples_per_s']:.2f}"
-                else:
-                    l_txt = read_text(os.path.join(d, f"locus.train_{prec}.note")) or "bench_train not run"
-                rows.append((f"MLP epoch, batch {x['batch_size']}, {prec}",
-                             f"{x['samples_per_s']:,.0f} samples/s, loss {x['final_loss']:.3f}", l_txt, r_txt))
+                peer_name = "torch.compile" if x.get("compiled") else "eager"
+                # locus's ordinary step and, where measured, its CUDA graph mode
+                for key, mode in ((prec, "ordinary step"), (f"{prec}_graph", "CUDA graph mode")):
+                    loc = locus_train.get(key)
+                    if not loc and key != prec:
+                        continue
+                    l_txt = r_txt = ""
+                    if loc:
+                        l_txt = (f"{loc['samples_per_s']:,.0f} samples/s, loss "
+                                 f"{loc.get('final_loss', float('nan')):.3f} ({mode})")
+                        r_txt = f"{loc['samples_per_s'] / x['samples_per_s']:.2f}"
+                    else:
+                        l_txt = read_text(os.path.join(d, f"locus.train_{prec}.note")) or "bench_train not run"
+                    rows.append((f"MLP epoch, batch {x['batch_size']}, {prec}, PyTorch {peer_name}",
+                                 f"{x['samples_per_s']:,.0f} samples/s, loss {x['final_loss']:.3f}", l_txt, r_txt))
     if not rows:
         return
     torch_ver = next((x.get("torch") for rs in recs.values() for x in rs if x.get("torch")), "?")

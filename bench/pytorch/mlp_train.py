@@ -60,6 +60,8 @@ def main():
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (compiled during the warm-up, not timed)")
     p.add_argument("--hidden", default="256,128",
                    help="the two hidden widths, e.g. 512,256 for the main job's model")
     p.add_argument("--data-dir", default=os.environ.get("LOCUS_FASHION_MNIST_DIR",
@@ -84,6 +86,8 @@ def main():
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(784, h0), nn.ReLU(), nn.Linear(h0, h1), nn.ReLU(),
                           nn.Linear(h1, 10)).to(dev)
+    if args.compile:
+        model = torch.compile(model)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.01)
@@ -132,6 +136,7 @@ def main():
     seconds = time.perf_counter() - t0
     samples = steps * bs * args.epochs
     rec = {"name": "mlp_train", **_common.context(torch, dev, args), "amp": args.amp,
+           "compiled": bool(args.compile),
            "batch_size": bs, "hidden": f"{h0},{h1}", "epochs": args.epochs, "steps_per_epoch": steps,
            "samples_per_s": samples / seconds, "seconds": seconds,
            "final_loss": loss_sum.item() / steps}
