@@ -11,7 +11,7 @@
 //   step_host_us_ordinary / step_host_us_graph   host time to enqueue one step (us)
 //   step_us_ordinary / step_us_graph             GPU time per step (us, events over 200)
 //   step_gemms_us            the step's GEMMs alone (the same shapes, cuBLASLt through
-//                            locus::matmul_into, 9 per step), us
+//                            locus::matmul_into, 8 per step), us
 //   step_graph_over_gemms    step_us_graph / step_gemms_us (target <= 1.5)
 // Without a GPU it prints "no CUDA device" and exits 0.
 #define LOCUS_COUNT_LAUNCHES 1  // before any locus header: the launch helpers count
@@ -108,8 +108,8 @@ int main() {
     }
   }
 
-  // the step's GEMMs alone: forward 3, backward 6 (dX and dW; the first layer's dX is
-  // skipped by a trainer only if it is; all 6 timed as the upper bound)
+  // the step's GEMMs alone: forward 3, backward 5 (dW of every layer, dX of layers 2
+  // and 3; the first layer's dX is never needed)
   auto bf = [](index_t r, index_t c) { return locus::to<locus::cuda>(locus::eval(locus::cast<locus::bf16>(locus::randn<float, locus::cpu>({r, c}, 5)))); };
   auto X = bf(B, 784), W1 = bf(784, 512), H1 = bf(B, 512), W2 = bf(512, 256), H2 = bf(B, 256), W3 = bf(256, 10),
        G3 = bf(B, 10), G2 = bf(B, 256), G1 = bf(B, 512);
