@@ -177,3 +177,19 @@ TEST_CASE("pinned falls back to pageable memory without a driver and says so") {
   if (!locus::cuda_available()) CHECK(locus::memory_stats<locus::pinned>().fallback);
 }
 #endif
+
+#if LOCUS_HAS_CUDA
+TEST_CASE("a caching allocator registers itself for release_stream_blocks when it is created") {
+  // locus::stream's destructor reaches the allocators through these hooks, so that
+  // files which never allocate pinned or cuda memory do not instantiate them.
+  (void)locus::ones<float, locus::pinned>({4});  // the pinned allocator exists from here on
+  const bool registered = locus::detail::stream_release_hook(1).load() != nullptr;
+  REQUIRE(registered);
+  // Releasing a stream no block knows changes no statistic.
+  const auto before = locus::memory_stats<locus::pinned>();
+  locus::detail::release_stream_blocks(reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1234}));
+  const auto after = locus::memory_stats<locus::pinned>();
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+}
+#endif

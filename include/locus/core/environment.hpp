@@ -241,12 +241,19 @@ inline environment_report environment() {
     current = 0;
   }
   if (r.device_count == 0 || detail::primary_context_active(drv, current)) {
-    // Find out whether page-locking works by asking for one small pinned block (this
-    // creates no context: there is no device, or the current one has its context).
-    auto& a = detail::allocator_for<pinned>();
-    void* p = a.allocate(1);
-    a.deallocate(p);
-    r.pinned_page_locked = !a.stats().fallback;
+    // Find out whether page-locking works by asking for one small page-locked block
+    // (this creates no context: there is no device, or the current one has its
+    // context). Directly, not through allocator_for<pinned>(): environment() is
+    // compiled into every file, the caching allocator need not be (compile time).
+    // The pinned allocator falls back to pageable memory on the same failure.
+    void* p = nullptr;
+    const cudaError_t st = cudaHostAlloc(&p, 1, cudaHostAllocDefault);
+    if (st == cudaSuccess) {
+      (void)cudaFreeHost(p);
+    } else {
+      (void)cudaGetLastError();
+    }
+    r.pinned_page_locked = st == cudaSuccess;
     r.pinned_probed = true;
   } else {
     r.pinned_page_locked = true;  // what cudaHostAlloc gives with a usable driver

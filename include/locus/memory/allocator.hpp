@@ -1176,6 +1176,18 @@ class cuda_resource {
 
 /// The allocator of device D: one per process, never destroyed (tensors with static
 /// storage may outlive any destruction order we could pick).
+#if LOCUS_HAS_CUDA
+/// release_stream_blocks' way to the caching allocators that exist in this process:
+/// each registers itself when it is first created (0: cuda, 1: pinned), so that code
+/// compiled into every file that may destroy a stream (locus::stream's destructor)
+/// does not instantiate the allocators (about 0.1 s of every user file's compile); an
+/// allocator that was never created holds no blocks to release.
+inline std::atomic<void (*)(void*)>& stream_release_hook(int which) noexcept {
+  static std::atomic<void (*)(void*)> hooks[2] = {nullptr, nullptr};
+  return hooks[which];
+}
+#endif
+
 template <class D>
 auto& allocator_for() {
   require_device_enabled<D>();
@@ -1185,10 +1197,18 @@ auto& allocator_for() {
   }
 #if LOCUS_HAS_CUDA
   else if constexpr (std::is_same_v<typename D::allocator, pinned_allocator_kind>) {
-    static auto* a = new caching_allocator<pinned_resource>();
+    static caching_allocator<pinned_resource>* const a = [] {
+      static caching_allocator<pinned_resource>* const made = new caching_allocator<pinned_resource>();
+      stream_release_hook(1).store(+[](void* s) { made->release_stream(s); }, std::memory_order_release);
+      return made;
+    }();
     return *a;
   } else {
-    static auto* a = new caching_allocator<cuda_resource>();
+    static caching_allocator<cuda_resource>* const a = [] {
+      static caching_allocator<cuda_resource>* const made = new caching_allocator<cuda_resource>();
+      stream_release_hook(0).store(+[](void* s) { made->release_stream(s); }, std::memory_order_release);
+      return made;
+    }();
     return *a;
   }
 #else
@@ -1209,11 +1229,11 @@ auto& allocator_for() {
 /// cudaStreamLegacy names a different stream on each GPU); the 2-argument form takes
 /// the current GPU. (A template only so that files that never call it instantiate
 /// nothing.)
-template <class D = cuda>
+template <class D = cuda, class P = pinned>  // P: dependent, so nothing is instantiated before a call
 void record_block_use(const void* p, cudaStream_t s, int device) {
   if (!p) return;
   allocator_for<D>().record_use(p, static_cast<void*>(s), device);
-  allocator_for<pinned>().record_use(p, static_cast<void*>(s), device);
+  allocator_for<P>().record_use(p, static_cast<void*>(s), device);
 }
 template <class D = cuda>
 void record_block_use(const void* p, cudaStream_t s) {
@@ -1225,8 +1245,8 @@ void record_block_use(const void* p, cudaStream_t s) {
 /// handle yet. Its cuda blocks, cached and live, become blocks any stream may take
 /// (none is returned to the system), and it leaves every block's list of users.
 inline void release_stream_blocks(cudaStream_t s) {
-  allocator_for<cuda>().release_stream(static_cast<void*>(s));
-  allocator_for<pinned>().release_stream(static_cast<void*>(s));
+  for (int which = 0; which < 2; ++which)
+    if (auto* release = stream_release_hook(which).load(std::memory_order_acquire)) release(static_cast<void*>(s));
 }
 
 /// The cuda blocks of one captured CUDA graph (an alias, so that files that never
