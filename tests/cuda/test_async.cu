@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/spin.cuh"
 #include <locus/locus.hpp>
 #include <locus/data/loader.hpp>
 #include <locus/transfer/async.hpp>
@@ -47,20 +48,7 @@ static_assert(std::is_same_v<decltype(std::declval<locus::pending<dev2, pin2>>()
 static_assert(std::is_nothrow_move_constructible_v<locus::pending<dev2, pin2>>);
 static_assert(std::is_nothrow_move_assignable_v<locus::pending<dev2, pin2>>);
 
-/// Keeps stream s busy for about `ms` milliseconds (the GPU's global timer), so that
-/// work enqueued after it is observably not done yet.
-__global__ void spin_kernel(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-void spin(cudaStream_t s, int ms) {
-  spin_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(ms) * 1000000ull);
-  LOCUS_CUDA_CHECK(cudaGetLastError());
-}
+using locus_test::spin;  // tests/cuda/spin.cuh
 
 /// Puts a freed block of n elements of T in the cuda cache for the current stream, so
 /// that an allocation made after spin() reuses it instead of calling cudaMalloc (which

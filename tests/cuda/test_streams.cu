@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/spin.cuh"
 #include <locus/locus.hpp>
 #include <locus/data/loader.hpp>
 #include <locus/transfer/async.hpp>
@@ -27,19 +28,7 @@
 
 namespace {
 
-/// Keeps stream s busy for about `ms` milliseconds (the GPU's global timer).
-__global__ void busy_kernel(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-void busy(cudaStream_t s, int ms) {
-  busy_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(ms) * 1000000ull);
-  LOCUS_CUDA_CHECK(cudaGetLastError());
-}
+using locus_test::spin;  // tests/cuda/spin.cuh
 
 /// Whether checks on elapsed time or on "still running" are meaningful: not under
 /// compute-sanitizer or another injected tool (CUDA_INJECTION64_PATH), which serialises
@@ -80,7 +69,7 @@ TEST_CASE("a block used on another stream (record_stream) is not reused before t
       // long after the host has freed it and side has reallocated the same size.
       locus::stream_guard g(compute);
       locus::record_stream(a, compute);
-      busy(compute.native_handle(), k == 0 ? 100 : 5);
+      spin(compute.native_handle(), k == 0 ? 100 : 5);
       locus::tensor<float, locus::cuda, 1> out = a * 2.0f + 1.0f;
       results.push_back(std::move(out));
     }
@@ -107,7 +96,7 @@ TEST_CASE("copy_async records its cuda source on its stream: freeing it early is
     {
       auto src = locus::to<locus::cuda>(pinned_pattern(k, n));
       locus::stream_guard g(side);
-      busy(side.native_handle(), 30);
+      spin(side.native_handle(), 30);
       p.emplace(locus::to_async<locus::pinned>(src));
     }  // src freed (its block belongs to the legacy stream)
     auto overwrite = locus::full<float, locus::cuda>({n}, -1.0f);
@@ -138,7 +127,7 @@ TEST_CASE("stress: produce on one stream, consume and free on another, reallocat
     c.wait(made);
     locus::stream_guard g(c);
     locus::record_stream(a, c);
-    busy(c.native_handle(), 2 + k % 3);  // every consumer lags its producer
+    spin(c.native_handle(), 2 + k % 3);  // every consumer lags its producer
     locus::tensor<float, locus::cuda, 1> out = a - 3.0f;
     results.emplace_back(k, std::move(out));
   }
@@ -160,7 +149,7 @@ TEST_CASE("record_stream on pinned memory: a staging buffer freed while a copy r
       auto staged = pinned_pattern(k, n);
       // A raw copy on `side` behind a long kernel: only record_stream tells the
       // allocator that the DMA engine still reads `staged` after the host frees it.
-      busy(side.native_handle(), 100);
+      spin(side.native_handle(), 100);
       LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_handle(), staged.data_handle(), static_cast<std::size_t>(n) * sizeof(float),
                                        cudaMemcpyHostToDevice, side.native_handle()));
       locus::record_stream(dst, side);
@@ -187,7 +176,7 @@ TEST_CASE("to<cpu> on the main thread sees data written under another stream gua
   locus::tensor<float, locus::cuda, 1> t;
   {
     locus::stream_guard g(side);
-    busy(side.native_handle(), 300);
+    spin(side.native_handle(), 300);
     t = locus::full<float, locus::cuda>({n}, 7.0f);
   }
   if (timing_checks()) CHECK_FALSE(side.query());  // still running: a read that waits for nothing is stale
@@ -204,7 +193,7 @@ TEST_CASE("to<cpu> on the main thread sees data written under another stream gua
     locus::stream_guard g(side);
     locus::record_stream(u, side);
     locus::record_stream(eights, side);
-    busy(side.native_handle(), 300);
+    spin(side.native_handle(), 300);
     locus::copy(eights, u);
   }
   const auto hu = locus::to<locus::cpu>(u);
@@ -221,7 +210,7 @@ TEST_CASE("to<cpu> sees data written under a guard on another thread, read under
   std::thread([&] {
     locus::stream_guard g(worker_stream);
     locus::record_stream(t, worker_stream);
-    busy(worker_stream.native_handle(), 300);
+    spin(worker_stream.native_handle(), 300);
     locus::tensor<float, locus::cuda, 1> five = locus::full<float, locus::cuda>({n}, 5.0f);
     locus::copy(five, t);
   }).join();  // the host thread is done; the GPU work is not
@@ -241,7 +230,7 @@ TEST_CASE("a blocking copy from the host waits for another stream that still rea
   {
     locus::stream_guard g(side);
     locus::record_stream(t, side);
-    busy(side.native_handle(), 300);
+    spin(side.native_handle(), 300);
     snapshot = locus::tensor<float, locus::cuda, 1>(locus::extents<1>{n});
     locus::copy(t, snapshot);  // reads t after the long kernel
   }
@@ -278,7 +267,7 @@ TEST_CASE("loader on cuda hands batches out without waiting on the host for thei
     for (auto& b : l) (void)b;
     compute.synchronize();
   }
-  busy(compute.native_handle(), 1000);  // the consumer's stream is busy
+  spin(compute.native_handle(), 1000);  // the consumer's stream is busy
   // Every batch is allocated behind the busy kernel, so its copy runs after it; the old
   // loader blocked the host in begin() and ++ until the copies were done (>= 1000 ms).
   const auto t0 = std::chrono::steady_clock::now();
@@ -349,7 +338,7 @@ TEST_CASE("two devices: per-device streams, guards, host reads, the loader, no n
       CHECK(locus::detail::current_device() == 1);
       CHECK(locus::detail::current_stream() == s1.native_handle());
       CHECK(locus::detail::current_stream_for(0) == s0.native_handle());
-      busy(s1.native_handle(), 300);
+      spin(s1.native_handle(), 300);
       auto t = locus::full<float, locus::cuda>({1 << 20}, 3.0f);  // on device 1, under s1
       cudaPointerAttributes a{};
       LOCUS_CUDA_CHECK(cudaPointerGetAttributes(&a, t.data_handle()));
@@ -392,7 +381,7 @@ TEST_CASE("two devices: per-device streams, guards, host reads, the loader, no n
   numbered_source big{.n = 1024, .f = 1 << 16};  // batches of 128 MiB
   LOCUS_CUDA_CHECK(cudaSetDevice(1));
   locus::data::loader<locus::cuda, numbered_source> lb(big, {.batch_size = 512});
-  busy(cudaStreamLegacy, 300);  // device 1's legacy stream: the loader's consumer stream
+  spin(cudaStreamLegacy, 300);  // device 1's legacy stream: the loader's consumer stream
   LOCUS_CUDA_CHECK(cudaSetDevice(0));
   int nb = 0;
   for (auto& [x, y] : lb) {
