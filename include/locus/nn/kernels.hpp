@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/host_simd.hpp"
 #include "../backend/launch.hpp"
 #include "../core/config.hpp"
 #include "../ops/math.hpp"
@@ -726,34 +727,57 @@ struct adamw_kernel {
   }
 };
 
-/// adamw_kernel on the host: scalars read once, restrict pointers, one vectorised
-/// OpenMP pass (the same arithmetic, in the same order).
+/// AdamW over n elements on the host, with g scaled by inv first when scaled (the fused
+/// step's unscale): adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
+/// would keep the compiler from vectorising the loop, see backend/host_simd.hpp) in one
+/// OpenMP pass; the last n % simd::width elements through the scalar update. Every
+/// element gets the bits the scalar update gives it.
 template <class C>
-void adamw_host(const adamw_kernel<C>& k, index_t n) {
-  if (k.sc->skip) return;
-  float* __restrict p = k.p;
-  const float* __restrict g = k.g;
-  float* __restrict m = k.m;
-  float* __restrict v = k.v;
-  C* __restrict pc = k.pc;
-  const float lr = k.lr, b1 = k.beta1, b2 = k.beta2, eps = k.eps, wd = k.weight_decay;
-  const float bias1 = k.sc->bias1, bias2 = k.sc->bias2;
+void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                  float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                  float eps, float wd, float bias1, float bias2) {
+  constexpr index_t w = simd::width;
+  const index_t chunks = n / w;
   [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
-  // clang vectorises sqrtf only under -fno-math-errno; asked for simd without it, it
-  // warns (-Wpass-failed) in every file that instantiates this, so it is not asked.
-#if defined(_OPENMP) && defined(__clang__)
-#pragma omp parallel for if (parallel)
-#elif defined(_OPENMP)
-#pragma omp parallel for simd if (parallel)
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (parallel)
 #endif
-  for (index_t i = 0; i < n; ++i) {
+  for (index_t c = 0; c < chunks; ++c) {
+    const index_t i = c * w;
+    simd::vecf gi = simd::load(g + i);
+    if (scaled) gi = gi * inv;
+    simd::vecf pi = simd::load(p + i), mi = simd::load(m + i), vi = simd::load(v + i);
+    pi -= lr * wd * pi;
+    mi = b1 * mi + (1.0f - b1) * gi;
+    vi = b2 * vi + (1.0f - b2) * gi * gi;
+    pi = pi - lr * (mi / bias1) / (simd::sqrt(vi / bias2) + eps);
+    simd::store(m + i, mi);
+    simd::store(v + i, vi);
+    simd::store(p + i, pi);
+    if constexpr (!std::is_same_v<C, float>) {
+      for (index_t l = 0; l < w; ++l) pc[i + l] = store<C>(p[i + l]);
+    } else if (pc) {
+      simd::store(pc + i, pi);
+    }
+  }
+  for (index_t i = chunks * w; i < n; ++i) {
+    const float gi = scaled ? g[i] * inv : g[i];
     float mi = m[i], vi = v[i];
-    const float pi = adamw_kernel<C>::update(p[i], g[i], mi, vi, lr, b1, b2, eps, wd, bias1, bias2);
+    const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, bias2);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
     if constexpr (!std::is_same_v<C, float>) pc[i] = store<C>(pi);
+    else if (pc) pc[i] = pi;
   }
+}
+
+/// adamw_kernel on the host: scalars read once, one vectorised pass (adamw_host_n).
+template <class C>
+void adamw_host(const adamw_kernel<C>& k, index_t n) {
+  if (k.sc->skip) return;
+  adamw_host_n<C>(n, k.p, k.g, k.m, k.v, k.pc, 1.0f, false, k.lr, k.beta1, k.beta2, k.eps, k.weight_decay,
+                  k.sc->bias1, k.sc->bias2);
 }
 
 /// SGD with momentum (PyTorch's formulation: buf = mu buf + g (+ dampening), Nesterov

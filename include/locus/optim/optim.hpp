@@ -246,29 +246,8 @@ struct adamw_elem {
     if (pc) pc[i] = locus::detail::store<C>(pi);
   }
   void host(index_t n, const float* gs, float inv, bool scaled, const update_scalars& sc) const {
-    float* __restrict pp = p;
-    const float* __restrict g = gs;
-    float* __restrict mp = m;
-    float* __restrict vp = v;
-    C* __restrict pcp = pc;
-    const float l = vars ? vars->lr : lr, b1 = beta1, b2 = beta2, e = eps, wd = weight_decay;
-    const float bias1 = sc.bias1, bias2 = sc.bias2;
-    [[maybe_unused]] const bool parallel = n >= locus::detail::host_parallel_threshold;
-#if defined(_OPENMP) && defined(__clang__)
-#pragma omp parallel for if (parallel)
-#elif defined(_OPENMP)
-#pragma omp parallel for simd if (parallel)
-#endif
-    for (index_t i = 0; i < n; ++i) {
-      const float gi = scaled ? g[i] * inv : g[i];
-      float mi = mp[i], vi = vp[i];
-      const float pi = locus::detail::adamw_kernel<C>::update(pp[i], gi, mi, vi, l, b1, b2, e, wd, bias1, bias2);
-      mp[i] = mi;
-      vp[i] = vi;
-      pp[i] = pi;
-      if constexpr (!std::is_same_v<C, float>) pcp[i] = locus::detail::store<C>(pi);
-      else if (pcp) pcp[i] = pi;
-    }
+    locus::detail::adamw_host_n<C>(n, p, gs, m, v, pc, inv, scaled, vars ? vars->lr : lr, beta1, beta2, eps,
+                                   weight_decay, sc.bias1, sc.bias2);
   }
 };
 

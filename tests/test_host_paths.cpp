@@ -1,0 +1,148 @@
+// The host's fast paths against their plain forms and double-precision references:
+// AdamW's vectorised update (backend/host_simd.hpp) at every length around the vector
+// width and the OpenMP threshold, with scaled gradients, compute copies, NaN, infinity
+// and hostile (negative) second moments; and AdamW through the public optimizer on a
+// model large enough to take the parallel path.
+#include <doctest/doctest.h>
+
+#include <locus/train.hpp>
+
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using locus::index_t;
+
+struct adamw_case {
+  std::vector<float> p, g, m, v;
+};
+
+adamw_case random_case(index_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 2.0f);
+  adamw_case c;
+  for (index_t i = 0; i < n; ++i) {
+    c.p.push_back(nd(rng));
+    c.g.push_back(nd(rng) * 3.0f);
+    c.m.push_back(nd(rng) * 0.1f);
+    c.v.push_back(ud(rng) * 0.01f);
+  }
+  return c;
+}
+
+bool same_bits(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
+bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || same_bits(a, b); }
+
+struct hyper {
+  float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, bias1 = 0.1f, bias2 = 0.001999f;
+};
+
+/// Runs adamw_host_n on a copy of c and checks every element against the scalar update
+/// (bit for bit) and a double-precision evaluation of the same formula (relative 1e-5).
+template <class C>
+void check_against_scalar(const adamw_case& c, float inv, bool scaled, bool with_copy, const hyper& h) {
+  const auto n = static_cast<index_t>(c.p.size());
+  std::vector<float> p = c.p, m = c.m, v = c.v;
+  std::vector<C> pc(with_copy ? c.p.size() : 0);
+  C* pcp = with_copy ? pc.data() : nullptr;
+  if constexpr (!std::is_same_v<C, float>) REQUIRE(with_copy);
+  locus::detail::adamw_host_n<C>(n, p.data(), c.g.data(), m.data(), v.data(), pcp, inv, scaled, h.lr, h.b1, h.b2,
+                                 h.eps, h.wd, h.bias1, h.bias2);
+  int wrong_bits = 0, wrong_ref = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const float gi = scaled ? c.g[k] * inv : c.g[k];
+    float mi = c.m[k], vi = c.v[k];
+    const float pi =
+        locus::detail::adamw_kernel<C>::update(c.p[k], gi, mi, vi, h.lr, h.b1, h.b2, h.eps, h.wd, h.bias1, h.bias2);
+    if (!same_value(p[k], pi) || !same_value(m[k], mi) || !same_value(v[k], vi)) ++wrong_bits;
+    if (with_copy && !same_value(static_cast<float>(pc[k]), static_cast<float>(C(pi)))) ++wrong_bits;
+    // the reference in double
+    const double gd = scaled ? static_cast<double>(c.g[k]) * inv : c.g[k];
+    double pd = c.p[k];
+    pd -= static_cast<double>(h.lr) * h.wd * pd;
+    const double md = h.b1 * static_cast<double>(c.m[k]) + (1.0 - h.b1) * gd;
+    const double vd = h.b2 * static_cast<double>(c.v[k]) + (1.0 - h.b2) * gd * gd;
+    pd -= h.lr * (md / h.bias1) / (std::sqrt(vd / h.bias2) + h.eps);
+    if (std::isfinite(pd) && std::abs(p[k] - pd) > 1e-5 * std::abs(pd) + 1e-7) ++wrong_ref;
+  }
+  CHECK(wrong_bits == 0);
+  CHECK(wrong_ref == 0);
+}
+
+}  // namespace
+
+TEST_CASE("AdamW's vectorised host update gives every element the scalar update's bits") {
+  const index_t w = locus::detail::simd::width;
+  const index_t big = locus::detail::host_parallel_threshold + 3 * w + 1;  // parallel, with a tail
+  for (index_t n : {index_t{0}, index_t{1}, w - 1, w, w + 1, 2 * w + 3, index_t{1000}, big}) {
+    if (n < 0) continue;
+    CAPTURE(n);
+    const adamw_case c = random_case(n, 7 + static_cast<std::uint32_t>(n));
+    check_against_scalar<float>(c, 1.0f, false, false, {});
+    check_against_scalar<float>(c, 1.0f / 1024.0f, true, true, {.lr = 3e-2f, .wd = 0.1f});
+    check_against_scalar<locus::bf16>(c, 1.0f, false, true, {});
+    check_against_scalar<locus::f16>(c, 0.5f, true, true, {.b1 = 0.8f, .b2 = 0.95f});
+  }
+}
+
+TEST_CASE("AdamW's vectorised host update: NaN, infinity and negative moments in any lane are the scalar's") {
+  const index_t w = locus::detail::simd::width;
+  const index_t n = 4 * w + 3;
+  adamw_case c = random_case(n, 99);
+  const float inf = std::numeric_limits<float>::infinity();
+  c.g[1] = std::numeric_limits<float>::quiet_NaN();
+  c.g[static_cast<std::size_t>(w)] = inf;
+  c.g[static_cast<std::size_t>(w + 1)] = -inf;
+  c.v[static_cast<std::size_t>(2 * w)] = -1.0f;  // a hostile state: sqrt of a negative
+  c.p[static_cast<std::size_t>(2 * w + 1)] = std::numeric_limits<float>::max();
+  c.g[static_cast<std::size_t>(2 * w + 2)] = std::numeric_limits<float>::denorm_min();
+  c.g[static_cast<std::size_t>(n - 1)] = std::numeric_limits<float>::quiet_NaN();  // in the scalar tail
+  check_against_scalar<float>(c, 1.0f, false, false, {});
+  check_against_scalar<locus::bf16>(c, 2.0f, true, true, {});
+  // the vector lanes never call sqrtf: a negative moment there leaves errno alone
+  std::vector<float> p = c.p, m = c.m, v = c.v;
+  errno = 0;
+  locus::detail::adamw_host_n<float>(4 * w, p.data(), c.g.data(), m.data(), v.data(), nullptr, 1.0f, false, 1e-3f,
+                                     0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.002f);
+  if (w > 1) CHECK(errno == 0);
+  CHECK(std::isnan(p[static_cast<std::size_t>(2 * w)]));
+}
+
+TEST_CASE("AdamW on a model past the parallel threshold equals a double-precision reference") {
+  namespace nn = locus::nn;
+  nn::sequential model(nn::linear<locus::cpu, locus::amp::fp32>(301, 117));  // 35,334 parameters: parallel
+  auto& store = model.parameters();
+  REQUIRE(store.size() > locus::detail::host_parallel_threshold);
+  const locus::optim::adamw_options o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
+  locus::optim::adamw<locus::cpu> opt(store, o);
+  std::vector<double> p;
+  const auto initial = locus::to<locus::cpu>(std::as_const(store).master());
+  for (const float x : initial.span()) p.push_back(x);
+  std::vector<double> mm(p.size(), 0.0), vv(p.size(), 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    auto g = locus::randn<float, locus::cpu>({store.size()}, 600 + static_cast<std::uint64_t>(t));
+    locus::copy(g, store.grad());
+    opt.step();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double gi = g(static_cast<index_t>(i));
+      p[i] -= o.lr * o.weight_decay * p[i];
+      mm[i] = o.beta1 * mm[i] + (1 - o.beta1) * gi;
+      vv[i] = o.beta2 * vv[i] + (1 - o.beta2) * gi * gi;
+      const double mh = mm[i] / (1 - std::pow(o.beta1, t)), vh = vv[i] / (1 - std::pow(o.beta2, t));
+      p[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+    }
+  }
+  const auto got = locus::to<locus::cpu>(std::as_const(store).master());
+  int wrong = 0;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (std::abs(got.span()[i] - p[i]) > 1e-5 * std::abs(p[i]) + 1e-7) ++wrong;
+  CHECK(wrong == 0);
+}
