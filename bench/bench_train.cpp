@@ -38,7 +38,20 @@ struct args {
   bool cuda_graph = false;
 };
 
-/// dst[b, :] = src[order[first + b], :]
+/// dst[b, :] = src[order[first + b], :], a row per call (the host: one contiguous copy
+/// per row, as PyTorch's x_all[idx] copies rows)
+template <class T>
+struct gather_whole_rows {
+  const T* src;
+  const locus::index_t* order;
+  T* dst;
+  locus::index_t first, features;
+  void operator()(locus::index_t b) const {
+    std::memcpy(dst + b * features, src + order[first + b] * features, sizeof(T) * static_cast<std::size_t>(features));
+  }
+};
+
+/// dst[b, :] = src[order[first + b], :], an element per call (cuda)
 template <class T>
 struct gather_rows {
   const T* src;
@@ -76,8 +89,15 @@ int run(const args& a) {
       std::memcpy(order_h.data_handle(), order_v.data(), sizeof(locus::index_t) * static_cast<std::size_t>(n));
       const auto order = locus::to<D>(order_h);
       for (locus::index_t b = 0; b < limit; ++b) {
-        locus::detail::launch_n<D>(a.batch * features, gather_rows<float>{x_all.data_handle(), order.data_handle(),
-                                                                          xb.data_handle(), b * a.batch, features});
+        if constexpr (D::host_accessible) {
+          locus::detail::launch_n<D>(a.batch,
+                                     gather_whole_rows<float>{x_all.data_handle(), order.data_handle(),
+                                                              xb.data_handle(), b * a.batch, features},
+                                     features);
+        } else {
+          locus::detail::launch_n<D>(a.batch * features, gather_rows<float>{x_all.data_handle(), order.data_handle(),
+                                                                            xb.data_handle(), b * a.batch, features});
+        }
         locus::detail::launch_n<D>(a.batch, gather_rows<std::int64_t>{y_all.data_handle(), order.data_handle(),
                                                                       yb.data_handle(), b * a.batch, 1});
         t.step(xb, yb);

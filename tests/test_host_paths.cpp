@@ -146,3 +146,63 @@ TEST_CASE("AdamW on a model past the parallel threshold equals a double-precisio
     if (std::abs(got.span()[i] - p[i]) > 1e-5 * std::abs(p[i]) + 1e-7) ++wrong;
   CHECK(wrong == 0);
 }
+
+// The GEMM epilogue's row-wise host form (bias, activation) past the parallel threshold,
+// into a fresh tensor and into rows of a larger buffer, against double precision.
+TEST_CASE("linear's host epilogue on a large output equals a double-precision reference") {
+  const index_t n = 611, k = 23, m = 130;  // 79,430 outputs: the epilogue runs in parallel
+  REQUIRE(n * m > locus::detail::host_parallel_threshold);
+  auto x = locus::randn<float, locus::cpu>({n, k}, 901);
+  auto w = locus::randn<float, locus::cpu>({m, k}, 902);
+  auto b = locus::randn<float, locus::cpu>({m}, 903);
+  const auto reference = [&](locus::activation act, bool bias) {
+    std::vector<double> out(static_cast<std::size_t>(n * m));
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < m; ++j) {
+        double s = bias ? b(j) : 0.0;
+        for (index_t p = 0; p < k; ++p) s += static_cast<double>(x(i, p)) * w(j, p);
+        switch (act) {
+          case locus::activation::none: break;
+          case locus::activation::relu: s = s > 0 ? s : 0; break;
+          case locus::activation::gelu: s = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0))); break;
+          case locus::activation::gelu_tanh:
+            s = 0.5 * s * (1 + std::tanh(std::sqrt(2.0 / 3.141592653589793) * (s + 0.044715 * s * s * s)));
+            break;
+        }
+        out[static_cast<std::size_t>(i * m + j)] = s;
+      }
+    return out;
+  };
+  const auto worst = [&](const auto& y, const std::vector<double>& ref) {
+    double e = 0;
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < m; ++j)
+        e = std::max(e, std::abs(y(i, j) - ref[static_cast<std::size_t>(i * m + j)]) /
+                            (1.0 + std::abs(ref[static_cast<std::size_t>(i * m + j)])));
+    return e;
+  };
+  for (auto act : {locus::activation::none, locus::activation::relu, locus::activation::gelu,
+                   locus::activation::gelu_tanh}) {
+    CAPTURE(static_cast<int>(act));
+    const auto with_bias = reference(act, true), without = reference(act, false);
+    auto y = locus::linear(x, w, b, act);
+    CHECK(worst(y, with_bias) < 1e-5);
+    auto y0 = locus::linear(x, w, act);
+    CHECK(worst(y0, without) < 1e-5);
+    // into rows [3, 3 + n) of a larger buffer: the rows around them are untouched
+    auto big = locus::full<float, locus::cpu>({n + 5, m}, -7.0f);
+    auto inside = big.slice(3, 3 + n);
+    locus::linear_into(inside, x, w, b, act);
+    CHECK(worst(inside, with_bias) < 1e-5);
+    int changed = 0;
+    for (index_t j = 0; j < m; ++j)
+      for (index_t i : {index_t{0}, index_t{1}, index_t{2}, n + 3, n + 4}) changed += big(i, j) != -7.0f;
+    CHECK(changed == 0);
+  }
+  // NaN in the input stays NaN through ReLU (max(NaN, 0) would hide it)
+  x(5, 0) = std::numeric_limits<float>::quiet_NaN();
+  auto yn = locus::linear(x, w, b, locus::activation::relu);
+  int nan_row = 0;
+  for (index_t j = 0; j < m; ++j) nan_row += std::isnan(yn(5, j));
+  CHECK(nan_row == m);
+}

@@ -392,6 +392,7 @@ struct gemm_epilogue_kernel {
   const Out* bias;
   index_t bias_stride;
   index_t m, n;
+  index_t batch;  // matrices (the device form derives its index from i alone)
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     using C = compute_t<In>;
     const index_t j = i % n, r = i / n, row = r % m, bi = r / m;
@@ -401,13 +402,58 @@ struct gemm_epilogue_kernel {
   }
 };
 
+/// gemm_epilogue_kernel's arithmetic on the host, a row at a time: the inner loop over
+/// a row's contiguous columns has no index arithmetic and vectorises (ReLU, identity),
+/// rows are shared among OpenMP threads when there are enough elements.
+template <class Act, class In, class Out>
+void gemm_epilogue_host(const gemm_epilogue_kernel<Act, In, Out>& k) {
+  using C = compute_t<In>;
+  const index_t n = k.n, total_rows = k.m * k.batch;
+  [[maybe_unused]] const bool parallel = total_rows > 1 && total_rows * n >= host_parallel_threshold;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (index_t r = 0; r < total_rows; ++r) {
+    const index_t bi = r / k.m, row = r % k.m;
+    const In* src = k.in ? k.in + bi * k.in_bs + row * k.in_rs : nullptr;
+    Out* dst = k.out + bi * k.out_bs + row * k.out_rs;
+    const Out* __restrict b = k.bias;
+    if (src && b && k.bias_stride == 1) {
+      for (index_t j = 0; j < n; ++j)
+        dst[j] = store<Out>(Act{}(static_cast<C>(load(src[j])) + static_cast<C>(load(b[j]))));
+    } else if (src && !b) {
+      for (index_t j = 0; j < n; ++j) dst[j] = store<Out>(Act{}(static_cast<C>(load(src[j]))));
+    } else {
+      for (index_t j = 0; j < n; ++j) {
+        C v = src ? static_cast<C>(load(src[j])) : C(0);
+        if (b) v += static_cast<C>(load(b[j * k.bias_stride]));
+        dst[j] = store<Out>(Act{}(v));
+      }
+    }
+  }
+}
+
 template <class D, class In, class Out>
 void run_gemm_epilogue(activation act, gemm_operand<const In> in, gemm_operand<Out> out,
                        gemm_bias<Out> bias, const matmul_dims& d) {
   const index_t count = d.batch * d.m * d.n;
+  if (count <= 0) return;
+  if constexpr (D::host_accessible) {
+    const auto host = [&](auto op) {
+      gemm_epilogue_host(gemm_epilogue_kernel<decltype(op), In, Out>{
+          in.p, in.bs, in.rs, out.p, out.bs, out.rs, bias.p, bias.stride, d.m, d.n, d.batch});
+    };
+    switch (act) {
+      case activation::none: host(act_identity{}); break;
+      case activation::relu: host(op::relu{}); break;
+      case activation::gelu: host(op::gelu_erf{}); break;
+      case activation::gelu_tanh: host(op::gelu_tanh{}); break;
+    }
+    return;
+  }
   const auto make = [&](auto op) {
     return gemm_epilogue_kernel<decltype(op), In, Out>{in.p,   in.bs,  in.rs,       out.p, out.bs,
-                                                       out.rs, bias.p, bias.stride, d.m,   d.n};
+                                                       out.rs, bias.p, bias.stride, d.m,   d.n, d.batch};
   };
   switch (act) {
     case activation::none: launch_n<D>(count, make(act_identity{})); break;
