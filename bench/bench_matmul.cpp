@@ -69,7 +69,7 @@ void set_flops(benchmark::State& state, index_t n) {
                                                 benchmark::Counter::OneK::kIs1000);
 }
 
-const char* host_path() { return locus::detail::has_blas ? "path=blas" : "path=fallback (no BLAS)"; }
+std::string host_path() { return std::string("path=") + locus::name_of(locus::current_host_gemm()); }
 
 void BM_locus_matmul_into(benchmark::State& state) {
   const index_t n = state.range(0);
@@ -234,7 +234,7 @@ BENCHMARK(BM_gemm_fallback)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMi
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("locus_host_gemm", locus::detail::has_blas ? "blas" : "fallback");
+  benchmark::AddCustomContext("locus_host_gemm", locus::name_of(locus::current_host_gemm()));
   benchmark::AddCustomContext("flops", "2 n^3 per iteration");
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -138,6 +138,41 @@ elseif(TARGET locus::blas)
   set(LOCUS_BLAS_FOUND ON)
 endif()
 
+# oneDNN for f32 host GEMMs (dnnl_sgemm): on the training step's shapes it beat
+# OpenBLAS by 10-40% here (bench/RESULTS.md), so it is the default library when found;
+# locus::set_host_gemm or LOCUS_HOST_GEMM picks another at run time. Only a oneDNN built
+# on OpenMP is used (Debian's libdnnl-dev is): its threads are libgomp's, shared with
+# locus's kernels and OpenBLAS, so no two thread pools fight for the cores.
+#   LOCUS_ENABLE_ONEDNN: AUTO (default: use it when found), ON (required) or OFF.
+# The result is the imported target locus::onednn (the library, its include directory
+# and LOCUS_HAS_ONEDNN=1), linked like locus::blas.
+if(NOT DEFINED LOCUS_ENABLE_ONEDNN)
+  set(LOCUS_ENABLE_ONEDNN AUTO)
+endif()
+if(NOT LOCUS_ENABLE_ONEDNN STREQUAL "OFF" AND NOT TARGET locus::onednn)
+  find_library(LOCUS_ONEDNN_LIBRARY NAMES dnnl)
+  find_path(LOCUS_ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.h)
+  set(_locus_onednn_omp OFF)
+  if(LOCUS_ONEDNN_LIBRARY AND LOCUS_ONEDNN_INCLUDE_DIR AND OpenMP_CXX_FOUND
+     AND EXISTS "${LOCUS_ONEDNN_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h")
+    file(STRINGS "${LOCUS_ONEDNN_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h" _locus_onednn_runtime
+         REGEX "^#define DNNL_CPU_RUNTIME ")
+    if(_locus_onednn_runtime MATCHES "DNNL_RUNTIME_OMP")
+      set(_locus_onednn_omp ON)
+    endif()
+  endif()
+  if(_locus_onednn_omp)
+    add_library(locus::onednn INTERFACE IMPORTED)
+    target_link_libraries(locus::onednn INTERFACE "${LOCUS_ONEDNN_LIBRARY}")
+    target_include_directories(locus::onednn INTERFACE "${LOCUS_ONEDNN_INCLUDE_DIR}")
+    target_compile_definitions(locus::onednn INTERFACE LOCUS_HAS_ONEDNN=1)
+    message(STATUS "locus: f32 host GEMMs through oneDNN (${LOCUS_ONEDNN_LIBRARY})")
+  elseif(LOCUS_ENABLE_ONEDNN STREQUAL "ON")
+    message(FATAL_ERROR "locus: LOCUS_ENABLE_ONEDNN=ON but no oneDNN built on OpenMP was found (with OpenMP "
+                        "enabled); install it (Debian: libdnnl-dev) or configure with -DLOCUS_ENABLE_ONEDNN=OFF")
+  endif()
+endif()
+
 # zlib for the IDX dataset reader (locus/data/idx.hpp reads plain and gzip files). The
 # imported target locus::zlib carries LOCUS_HAS_ZLIB=1; linked like locus::blas.
 if(NOT TARGET locus::zlib)
@@ -176,6 +211,7 @@ function(locus_link_dependencies target)
   endif()
   # Exported as written: the consumer's locus-dependencies.cmake decides whether it exists.
   target_link_libraries(${target} INTERFACE $<TARGET_NAME_IF_EXISTS:locus::blas>
+                                            $<TARGET_NAME_IF_EXISTS:locus::onednn>
                                             $<TARGET_NAME_IF_EXISTS:locus::zlib>
                                             $<TARGET_NAME_IF_EXISTS:locus::json>)
   if(LOCUS_CUDA_FOUND)

@@ -204,3 +204,71 @@ TEST_CASE("matmul: f32 precision setting round-trips and defaults to full f32") 
                                      locus_matmul_test::reference(std::as_const(a).view(), std::as_const(b).view())) <= 1e-5);
   locus::set_float32_matmul_precision(locus::matmul_precision::highest);
 }
+
+// Every host GEMM library this build has, on every operand layout, batched, with
+// accumulate, into a padded destination: against double precision.
+TEST_CASE("host GEMM libraries: each one this build has matches a double reference on every layout") {
+  using locus_matmul_test::rel_error;
+  const locus::host_gemm before = locus::current_host_gemm();
+  if (!std::getenv("LOCUS_HOST_GEMM")) CHECK(before == locus::detail::best_host_gemm());  // the fastest built in
+  for (locus::host_gemm lib : {locus::host_gemm::fallback, locus::host_gemm::blas, locus::host_gemm::onednn}) {
+    if (!locus::host_gemm_available(lib)) continue;
+    CAPTURE(locus::name_of(lib));
+    locus::set_host_gemm(lib);
+    CHECK(locus::current_host_gemm() == lib);
+    const index_t shapes[][3] = {{128, 256, 784}, {256, 784, 128}, {67, 1, 5}, {1, 300, 17}, {33, 10, 1}};
+    std::uint64_t seed = 900;
+    for (const auto& s : shapes) {
+      const index_t m = s[0], n = s[1], k = s[2];
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(k);
+      auto a = locus::randn<float, locus::cpu>({m, k}, seed++);
+      auto at = locus::randn<float, locus::cpu>({k, m}, seed++);  // used as its transpose
+      auto b = locus::randn<float, locus::cpu>({k, n}, seed++);
+      auto bt = locus::randn<float, locus::cpu>({n, k}, seed++);
+      const auto ref_nn = raw_reference(m, n, k, a.data(), k, 1, b.data(), n, 1);
+      const auto ref_tn = raw_reference(m, n, k, at.data(), 1, m, b.data(), n, 1);
+      const auto ref_nt = raw_reference(m, n, k, a.data(), k, 1, bt.data(), 1, k);
+      const auto ref_tt = raw_reference(m, n, k, at.data(), 1, m, bt.data(), 1, k);
+      CHECK(rel_error(locus_matmul_test::doubles(locus::matmul(a, b)), ref_nn) <= 1e-5);
+      CHECK(rel_error(locus_matmul_test::doubles(locus::matmul(locus::transpose(at), b)), ref_tn) <= 1e-5);
+      CHECK(rel_error(locus_matmul_test::doubles(locus::matmul(a, locus::transpose(bt))), ref_nt) <= 1e-5);
+      CHECK(rel_error(locus_matmul_test::doubles(locus::matmul(locus::transpose(at), locus::transpose(bt))), ref_tt) <=
+            1e-5);
+      // accumulate into rows [2, 2 + m) of a padded buffer: c += a b, the rows around untouched
+      auto big = locus::full<float, locus::cpu>({m + 4, n}, 0.5f);
+      auto inside = big.slice(2, 2 + m);
+      locus::matmul_into(inside, a, b, locus::accumulate);
+      std::vector<double> ref_acc = ref_nn;
+      for (double& v : ref_acc) v += 0.5;
+      CHECK(rel_error(dense(big.data() + 2 * n, m, n, n), ref_acc) <= 1e-5);
+      int outside = 0;
+      for (index_t j = 0; j < n; ++j)
+        for (index_t i : {index_t{0}, index_t{1}, m + 2, m + 3}) outside += big(i, j) != 0.5f;
+      CHECK(outside == 0);
+    }
+    // batched, rank 3
+    auto x = locus::randn<float, locus::cpu>({3, 40, 29}, 950);
+    auto y = locus::randn<float, locus::cpu>({3, 29, 17}, 951);
+    auto z = locus::matmul(x, y);
+    for (index_t bi = 0; bi < 3; ++bi) {
+      const auto ref = raw_reference(40, 17, 29, x.data() + bi * 40 * 29, 29, 1, y.data() + bi * 29 * 17, 17, 1);
+      CHECK(rel_error(dense(z.data() + bi * 40 * 17, 40, 17, 17), ref) <= 1e-5);
+    }
+  }
+  locus::set_host_gemm(before);
+}
+
+TEST_CASE("host GEMM libraries: asking for one this build lacks is an error that names what it has") {
+  CHECK(locus::host_gemm_available(locus::host_gemm::fallback));
+  CHECK(std::string(locus::name_of(locus::host_gemm::onednn)) == "onednn");
+  for (locus::host_gemm lib : {locus::host_gemm::blas, locus::host_gemm::onednn}) {
+    if (locus::host_gemm_available(lib)) continue;
+    const locus::host_gemm before = locus::current_host_gemm();
+    CHECK_THROWS_WITH_AS(locus::set_host_gemm(lib), doctest::Contains("this build has no"), locus::value_error);
+    CHECK(locus::current_host_gemm() == before);
+  }
+  // an out-of-range value is no library either
+  CHECK_FALSE(locus::host_gemm_available(static_cast<locus::host_gemm>(7)));
+}

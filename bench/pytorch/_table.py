@@ -237,6 +237,7 @@ def cpu_rows(d, rounds, torch_ver, batch_sizes=(128,)):
                          1.2 if b >= 512 else 1.5))
             floor = Side("floor")
             params = None
+            fastest = {}  # library -> rounds in which it was the fastest
             for r in rounds:
                 e = gb["matmul"][r].get(f"BM_mlp_step_gemms/batch:{b}/model:{model}")
                 if not e or not e["t"] or r not in bw:
@@ -246,13 +247,26 @@ def cpu_rows(d, rounds, torch_ver, batch_sizes=(128,)):
                                            f"BM_mlp_step_gemms/batch:{b}/model:{model}", "params"))
                 if not params:
                     continue
+                # The fastest library on these GEMMs in this round: OpenBLAS through
+                # BM_mlp_step_gemms, and OpenBLAS, BLIS and oneDNN through bench_gemm_libs.
+                libs = [("OpenBLAS", median(e["t"]))]
+                for lib_name, bm in (("OpenBLAS", "BM_openblas"), ("BLIS", "BM_blis"), ("oneDNN", "BM_onednn")):
+                    o = gb["gemm_libs"][r].get(f"{bm}/batch:{b}/model:{model}")
+                    if o and o["t"] and not o["err"]:
+                        libs.append((lib_name, median(o["t"])))
+                lib_name, gemm_s = min(libs, key=lambda x: x[1])
+                fastest[lib_name] = fastest.get(lib_name, 0) + 1
                 opt_s = 28.0 * params / bw[r]
-                floor.add(r, [(t + opt_s) / b for t in e["t"]])  # seconds per sample
-                floor.extra.setdefault("gemm_s", []).extend(e["t"])
+                floor.add(r, [(gemm_s + opt_s) / b])  # seconds per sample
+                floor.extra.setdefault("gemm_s", []).append(gemm_s)
                 floor.extra.setdefault("opt_s", []).append(opt_s)
             if not floor.samples:
                 floor.why = failed("matmul") or "BM_mlp_step_gemms / BM_stream_triad not measured"
-            floor.label = "floor (GEMMs + AdamW bytes)"
+            floor.label = "floor (fastest GEMMs + AdamW bytes)"
+            if fastest:
+                won = ", ".join(f"{k} in {v}/{sum(fastest.values())} rounds"
+                                for k, v in sorted(fastest.items(), key=lambda x: -x[1]))
+                floor.label = f"floor (fastest GEMMs: {won}; + AdamW bytes)"
             if floor.samples:
                 g, o = median(floor.extra["gemm_s"]), median(floor.extra["opt_s"])
                 floor.label += f" {g * 1e3:.3g} + {o * 1e3:.2g} ms a step"
@@ -383,7 +397,8 @@ def cpu_main(a):
     head += [
         "- Ratio: median over the rounds of peer time / locus time within the round (above 1: "
         "locus is faster), every round's ratio and their spread beside it; figures: medians of all "
-        "repetitions. Floor rows: the step's GEMMs alone (`BM_mlp_step_gemms`, same BLAS and shapes) "
+        "repetitions. Floor rows: the step's GEMMs alone through the fastest library in that round "
+        "(`BM_mlp_step_gemms` through OpenBLAS, and OpenBLAS, BLIS and oneDNN in `bench_gemm_libs`; same shapes) "
         "plus AdamW's 28 bytes a parameter at the triad's bandwidth (`BM_stream_triad`), per round; "
         "the ratio is floor / locus step time (target: within 1.3× of the floor). PyTorch's figure is its faster "
         "variant (named in brackets: `out` = `addcmul(out=)` + `relu_`, `eager` = `relu(a*x+b)`, "

@@ -1,15 +1,24 @@
-// Host GEMMs: BLAS (cblas_sgemm / cblas_dgemm, OpenBLAS in practice) when the build
-// found one, and a cache-blocked, OpenMP-parallel fallback otherwise. Also the
-// description both GEMM backends share: how a strided matrix maps onto a BLAS layout
-// (row-major or transposed, with a leading dimension) without being copied.
+// Host GEMMs: oneDNN's dnnl_sgemm for f32 when the build found oneDNN, BLAS
+// (cblas_sgemm / cblas_dgemm, OpenBLAS in practice) when it found one, and a
+// cache-blocked, OpenMP-parallel fallback otherwise. Also the description every GEMM
+// backend shares: how a strided matrix maps onto a BLAS layout (row-major or
+// transposed, with a leading dimension) without being copied.
 //
 // LOCUS_HAS_BLAS is set to 1 by the CMake target when FindBLAS found a library with a
-// CBLAS interface (cmake/locus-dependencies.cmake); without it the fallback runs.
-// detail::gemm_fallback is callable in every build, so its tests run everywhere.
+// CBLAS interface, LOCUS_HAS_ONEDNN when it found oneDNN built on OpenMP
+// (cmake/locus-dependencies.cmake). Which one runs f32 products is a run-time choice:
+// locus::set_host_gemm(locus::host_gemm::blas), or LOCUS_HOST_GEMM=onednn|blas|fallback
+// in the environment; the default is the fastest built in (oneDNN, then BLAS: measured
+// on the training step's shapes, bench/RESULTS.md). f64 products always go to BLAS
+// (oneDNN has no f64 GEMM) or the fallback. detail::gemm_fallback is callable in every
+// build, so its tests run everywhere.
 #pragma once
 
+#include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -22,9 +31,78 @@
 #define LOCUS_HAS_BLAS 0
 #endif
 
+#ifndef LOCUS_HAS_ONEDNN
+#define LOCUS_HAS_ONEDNN 0
+#endif
+
 #if LOCUS_HAS_BLAS
 #include <cblas.h>
 #endif
+#if LOCUS_HAS_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+namespace locus {
+
+/// The library behind f32 GEMMs on host devices (locus::set_host_gemm).
+enum class host_gemm {
+  fallback,  ///< locus's own blocked GEMM (every build)
+  blas,      ///< cblas_sgemm (builds with LOCUS_HAS_BLAS)
+  onednn,    ///< oneDNN's dnnl_sgemm (builds with LOCUS_HAS_ONEDNN)
+};
+
+/// The name of a host GEMM library: "fallback", "blas" or "onednn".
+constexpr const char* name_of(host_gemm g) noexcept {
+  return g == host_gemm::onednn ? "onednn" : g == host_gemm::blas ? "blas" : "fallback";
+}
+
+/// Whether this build has library g.
+constexpr bool host_gemm_available(host_gemm g) noexcept {
+  return g == host_gemm::fallback || (g == host_gemm::blas && LOCUS_HAS_BLAS) ||
+         (g == host_gemm::onednn && LOCUS_HAS_ONEDNN);
+}
+
+namespace detail {
+
+/// The fastest host GEMM this build has.
+constexpr host_gemm best_host_gemm() noexcept {
+  return LOCUS_HAS_ONEDNN ? host_gemm::onednn : LOCUS_HAS_BLAS ? host_gemm::blas : host_gemm::fallback;
+}
+
+/// The choice, read from LOCUS_HOST_GEMM the first time (an unknown or unavailable name
+/// is an error then, not a silent default).
+inline std::atomic<int>& host_gemm_choice() {
+  static std::atomic<int> choice = [] {
+    const char* env = std::getenv("LOCUS_HOST_GEMM");
+    if (!env || !*env) return static_cast<int>(best_host_gemm());
+    for (host_gemm g : {host_gemm::fallback, host_gemm::blas, host_gemm::onednn})
+      if (std::strcmp(env, name_of(g)) == 0) {
+        if (!host_gemm_available(g))
+          throw_value_error("locus: LOCUS_HOST_GEMM=%s, but this build has no %s (it has%s%s fallback)", env, env,
+                            LOCUS_HAS_ONEDNN ? " onednn," : "", LOCUS_HAS_BLAS ? " blas," : "");
+        return static_cast<int>(g);
+      }
+    throw_value_error("locus: LOCUS_HOST_GEMM=%s is not a host GEMM library; use onednn, blas or fallback", env);
+  }();
+  return choice;
+}
+
+}  // namespace detail
+
+/// The library f32 GEMMs on host devices use now.
+inline host_gemm current_host_gemm() { return static_cast<host_gemm>(detail::host_gemm_choice().load()); }
+
+/// Makes g the library of f32 host GEMMs from now on, for every thread (products
+/// already running finish with the old one). Throws value_error when this build
+/// does not have g.
+inline void set_host_gemm(host_gemm g) {
+  if (!host_gemm_available(g))
+    detail::throw_value_error("locus: set_host_gemm(%s): this build has no %s (it has%s%s fallback)", name_of(g),
+                              name_of(g), LOCUS_HAS_ONEDNN ? " onednn," : "", LOCUS_HAS_BLAS ? " blas," : "");
+  detail::host_gemm_choice().store(static_cast<int>(g));
+}
+
+}  // namespace locus
 
 namespace locus::detail {
 
@@ -34,6 +112,7 @@ constexpr index_t imax(index_t a, index_t b) noexcept { return a < b ? b : a; }
 
 
 inline constexpr bool has_blas = LOCUS_HAS_BLAS != 0;
+inline constexpr bool has_onednn = LOCUS_HAS_ONEDNN != 0;
 
 // ---- operands ------------------------------------------------------------------------
 
@@ -227,8 +306,10 @@ void host_gemm(index_t batch, index_t m, index_t n, index_t k, gemm_operand<cons
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "locus: host GEMMs compute in f32 or f64");
   if (batch <= 0 || m <= 0 || n <= 0) return;
-#if LOCUS_HAS_BLAS
-  if (k > 0) {
+#if LOCUS_HAS_BLAS || LOCUS_HAS_ONEDNN
+  using lib_t = ::locus::host_gemm;
+  const lib_t lib = std::is_same_v<T, float> ? current_host_gemm() : has_blas ? lib_t::blas : lib_t::fallback;
+  if (k > 0 && lib != lib_t::fallback) {
     std::optional<blas_layout> la = blas_layout_of(m, k, a.rs, a.cs);
     std::optional<blas_layout> lb = blas_layout_of(k, n, b.rs, b.cs);
     tensor<T, cpu, 3> a_copy, b_copy;
@@ -243,6 +324,25 @@ void host_gemm(index_t batch, index_t m, index_t n, index_t k, gemm_operand<cons
       lb = blas_layout{false, n};
     }
     const index_t ldc = m <= 1 ? n : c.rs;
+#if LOCUS_HAS_ONEDNN
+    if constexpr (std::is_same_v<T, float>) {
+      if (lib == lib_t::onednn) {
+        for (index_t bi = 0; bi < batch; ++bi) {
+          const dnnl_status_t st =
+              dnnl_sgemm(la->trans ? 'T' : 'N', lb->trans ? 'T' : 'N', m, n, k, 1.0f, a.p + bi * a.bs, la->ld,
+                         b.p + bi * b.bs, lb->ld, accumulate ? 1.0f : 0.0f, c.p + bi * c.bs, ldc);
+          if (st == dnnl_out_of_memory)
+            throw out_of_memory("cpu", 0, 0, 0, 0, "oneDNN's dnnl_sgemm could not allocate its packing buffers");
+          if (st != dnnl_success)
+            throw_value_error("locus: oneDNN's dnnl_sgemm failed with status %d (host matmul %lld x %lld x %lld)",
+                              static_cast<int>(st), static_cast<long long>(m), static_cast<long long>(n),
+                              static_cast<long long>(k));
+        }
+        return;
+      }
+    }
+#endif
+#if LOCUS_HAS_BLAS
     const int im = blas_int(m, "extent"), in = blas_int(n, "extent"), ik = blas_int(k, "extent");
     const int lda = blas_int(la->ld, "leading dimension"), ldb = blas_int(lb->ld, "leading dimension"),
               ldc_i = blas_int(ldc, "leading dimension");
@@ -250,6 +350,7 @@ void host_gemm(index_t batch, index_t m, index_t n, index_t k, gemm_operand<cons
       blas_gemm(la->trans, lb->trans, im, in, ik, a.p + bi * a.bs, lda, b.p + bi * b.bs, ldb,
                 c.p + bi * c.bs, ldc_i, accumulate);
     return;
+#endif
   }
 #endif
   for (index_t bi = 0; bi < batch; ++bi)
