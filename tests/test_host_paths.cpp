@@ -206,3 +206,42 @@ TEST_CASE("linear's host epilogue on a large output equals a double-precision re
   for (index_t j = 0; j < m; ++j) nan_row += std::isnan(yn(5, j));
   CHECK(nan_row == m);
 }
+
+// The gradient check's vectorised pass (a sum of x - x) against std::isfinite, with one
+// bad value at each kind of position (a vector lane, the scalar tail, both sides of an
+// OpenMP block boundary), overflow from the unscale, and the stored unscaled values.
+TEST_CASE("the host's all-finite pass finds every non-finite value wherever it is") {
+  const index_t w = locus::detail::simd::width;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (index_t n : {index_t{1}, w + 1, index_t{8191}, index_t{8192}, index_t{8193},
+                    locus::detail::host_parallel_threshold + 5}) {
+    CAPTURE(n);
+    std::mt19937 rng(static_cast<std::uint32_t>(n));
+    std::normal_distribution<float> nd(0.0f, 100.0f);
+    std::vector<float> g(static_cast<std::size_t>(n));
+    for (float& x : g) x = nd(rng);
+    g[0] = std::numeric_limits<float>::max();  // large but finite
+    if (n > 1) g[1] = -std::numeric_limits<float>::denorm_min();
+    CHECK(locus::detail::host_all_finite<false>(n, g.data(), 1.0f, false));
+    for (index_t at : {index_t{0}, n / 2, n - 1, index_t{8191}, index_t{8192}}) {
+      if (at >= n) continue;
+      for (float bad : {inf, -inf, nan}) {
+        CAPTURE(at);
+        CAPTURE(bad);
+        std::vector<float> h = g;
+        h[static_cast<std::size_t>(at)] = bad;
+        CHECK_FALSE(locus::detail::host_all_finite<false>(n, h.data(), 1.0f, false));
+        CHECK_FALSE(locus::detail::host_all_finite<false>(n, h.data(), 0.5f, true));
+      }
+    }
+    // unscaling can overflow: max * 2 is inf
+    CHECK_FALSE(locus::detail::host_all_finite<false>(n, g.data(), 2.0f, true));
+    // Store writes g * inv, element for element, and says whether all of it is finite
+    std::vector<float> s = g;
+    CHECK(locus::detail::host_all_finite<true>(n, s.data(), 0.25f, true));
+    int wrong = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) wrong += !same_bits(s[i], g[i] * 0.25f);
+    CHECK(wrong == 0);
+  }
+  CHECK(locus::detail::host_all_finite<false>(0, nullptr, 1.0f, false));
+}

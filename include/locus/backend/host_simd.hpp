@@ -55,6 +55,16 @@ inline vecf load(const float* p) noexcept {
 /// width floats to p (any alignment).
 inline void store(float* p, vecf v) noexcept { std::memcpy(p, &v, sizeof v); }
 
+/// Lane l of v.
+inline float lane(vecf v, int l) noexcept {
+#if LOCUS_SIMD_WIDTH > 1
+  return v[l];
+#else
+  (void)l;
+  return v;
+#endif
+}
+
 /// The correctly rounded square root of every lane (NaN for negative lanes; errno is
 /// never set).
 inline vecf sqrt(vecf x) noexcept {

@@ -55,6 +55,43 @@ LOCUS_HOST_DEVICE inline bool finite(C v) {
   return (v - v) == C(0);
 }
 
+/// Whether every g[i] (times inv when scaled) is finite, on the host, over simd::vecf:
+/// x - x is +0 for finite x and NaN for infinities and NaN, so a sum of x - x is 0
+/// exactly when all are finite; the pass is loads, multiplies and adds only, and
+/// vectorises where a comparison-and-or loop does not. With Store, g[i] = g[i] * inv too.
+/// OpenMP over blocks when n reaches host_parallel_threshold.
+template <bool Store>
+bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> g, float inv, bool scaled) {
+  constexpr index_t w = simd::width;
+  constexpr index_t block = 8192;
+  const index_t blocks = (n + block - 1) / block;
+  int bad = 0;
+  [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
+#if defined(_OPENMP)
+#pragma omp parallel for reduction(| : bad) schedule(static) if (parallel)
+#endif
+  for (index_t t = 0; t < blocks; ++t) {
+    const index_t i0 = t * block, i1 = n - i0 < block ? n : i0 + block;
+    simd::vecf acc{};
+    index_t i = i0;
+    for (; i + w <= i1; i += w) {
+      simd::vecf x = simd::load(g + i);
+      if (scaled) x = x * inv;
+      if constexpr (Store) simd::store(g + i, x);
+      acc += x - x;
+    }
+    float sum = 0.0f;
+    for (; i < i1; ++i) {
+      const float x = scaled ? g[i] * inv : g[i];
+      if constexpr (Store) g[i] = x;
+      sum += x - x;
+    }
+    for (int l = 0; l < static_cast<int>(w); ++l) sum += simd::lane(acc, l);
+    bad |= !(sum == 0.0f);
+  }
+  return bad == 0;
+}
+
 /// dst[i] = T(src[i]): master weights to compute weights.
 template <class S, class T>
 struct cast_kernel {
@@ -225,8 +262,37 @@ struct bias_act_grad_kernel {
   /// The host form: rows in order (host caches), columns in chunks of 1024, chunks of
   /// rows of host_bias_rows in parallel (OpenMP) when the work is large, their sums
   /// combined in chunk order (the result does not depend on the thread count).
+  /// element() with the activation a constant, so the host's inner loops vectorise.
+  template <act_kind K>
+  C element_as(index_t k) const {
+    const C g = load(gy[k]);
+    if constexpr (K == act_kind::none) {
+      return g;
+    } else {
+      const T d = store<T>(g * act_derivative(K, z ? load(z[k]) : C(0), y ? load(y[k]) : C(0)));
+      dz[k] = d;
+      return load(d);
+    }
+  }
+
   void run_host() const {
-    constexpr index_t chunk = 1024;
+    switch (kind) {
+      case act_kind::none: return run_host_as<act_kind::none>();
+      case act_kind::relu: return run_host_as<act_kind::relu>();
+      case act_kind::tanh: return run_host_as<act_kind::tanh>();
+      case act_kind::sigmoid: return run_host_as<act_kind::sigmoid>();
+      case act_kind::gelu: return run_host_as<act_kind::gelu>();
+      case act_kind::gelu_tanh: return run_host_as<act_kind::gelu_tanh>();
+    }
+  }
+
+  /// Tasks of up to 256 rows x 64 columns: a training batch's few hundred columns give
+  /// every thread work (columns split without changing any sum's order; rows in blocks
+  /// of 256, whose partial sums are combined in block order: the same bits at any
+  /// thread count).
+  template <act_kind K>
+  void run_host_as() const {
+    constexpr index_t chunk = 64;
     constexpr index_t host_bias_rows = 256;
     const index_t col_chunks = (cols + chunk - 1) / chunk;
     const index_t row_chunks = (rows + host_bias_rows - 1) / host_bias_rows;
@@ -244,11 +310,7 @@ struct bias_act_grad_kernel {
       for (index_t j = 0; j < nj; ++j) acc[j] = C(0);
       for (index_t i = r0; i < r1; ++i) {
         const index_t base = i * cols + j0;
-        if (kind != act_kind::none) {
-          for (index_t j = 0; j < nj; ++j) acc[j] += element(base + j);
-        } else {
-          for (index_t j = 0; j < nj; ++j) acc[j] += load(gy[base + j]);
-        }
+        for (index_t j = 0; j < nj; ++j) acc[j] += element_as<K>(base + j);
       }
       if (!db) continue;
       if (row_chunks > 1) {
@@ -605,7 +667,9 @@ void check_grads_host(const check_grads_kernel<M>& k, index_t n) {
   const M inv = M(1) / static_cast<M>(k.st->scale);
   int bad = 0;
   [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
-  if (k.unscale) {
+  if constexpr (std::is_same_v<M, float>) {
+    bad = k.unscale ? !host_all_finite<true>(n, g, inv, true) : !host_all_finite<false>(n, g, 1.0f, false);
+  } else if (k.unscale) {
 #if defined(_OPENMP)
 #pragma omp parallel for simd reduction(| : bad) if (parallel)
 #endif

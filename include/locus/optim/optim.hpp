@@ -146,13 +146,7 @@ struct check_pass {
     const float* __restrict gp = g;
     const float inv = a.scaler ? 1.0f / st->scale : 1.0f;
     const bool scaled = a.scaler;
-    int bad = 0;
-    [[maybe_unused]] const bool parallel = n >= locus::detail::host_parallel_threshold;
-#if defined(_OPENMP)
-#pragma omp parallel for simd reduction(| : bad) if (parallel)
-#endif
-    for (index_t i = 0; i < n; ++i) bad |= !locus::detail::finite(scaled ? gp[i] * inv : gp[i]);
-    if (!bad) return;
+    if (locus::detail::host_all_finite<false>(n, gp, inv, scaled)) return;
     for (index_t i = 0; i < n; ++i)
       if (!locus::detail::finite(value(i))) mark(i);
   }
