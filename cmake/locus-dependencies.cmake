@@ -153,7 +153,15 @@ if(NOT LOCUS_ENABLE_ONEDNN STREQUAL "OFF" AND NOT TARGET locus::onednn)
   find_library(LOCUS_ONEDNN_LIBRARY NAMES dnnl)
   find_path(LOCUS_ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.h)
   set(_locus_onednn_omp OFF)
-  if(LOCUS_ONEDNN_LIBRARY AND LOCUS_ONEDNN_INCLUDE_DIR AND OpenMP_CXX_FOUND
+  # AUTO takes oneDNN on x86-64 only (its JIT GEMMs are x86-64 kernels; elsewhere its
+  # sgemm is a reference loop), and only with libgomp (a oneDNN on GNU OpenMP beside
+  # clang's libomp would be two OpenMP runtimes in one process).
+  set(_locus_onednn_arch ON)
+  if(LOCUS_ENABLE_ONEDNN STREQUAL "AUTO" AND NOT CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    set(_locus_onednn_arch OFF)
+  endif()
+  if(LOCUS_ONEDNN_LIBRARY AND LOCUS_ONEDNN_INCLUDE_DIR AND OpenMP_CXX_FOUND AND _locus_onednn_arch
+     AND "gomp" IN_LIST OpenMP_CXX_LIB_NAMES
      AND EXISTS "${LOCUS_ONEDNN_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h")
     file(STRINGS "${LOCUS_ONEDNN_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h" _locus_onednn_runtime
          REGEX "^#define DNNL_CPU_RUNTIME ")
@@ -168,8 +176,12 @@ if(NOT LOCUS_ENABLE_ONEDNN STREQUAL "OFF" AND NOT TARGET locus::onednn)
     target_compile_definitions(locus::onednn INTERFACE LOCUS_HAS_ONEDNN=1)
     message(STATUS "locus: f32 host GEMMs through oneDNN (${LOCUS_ONEDNN_LIBRARY})")
   elseif(LOCUS_ENABLE_ONEDNN STREQUAL "ON")
-    message(FATAL_ERROR "locus: LOCUS_ENABLE_ONEDNN=ON but no oneDNN built on OpenMP was found (with OpenMP "
-                        "enabled); install it (Debian: libdnnl-dev) or configure with -DLOCUS_ENABLE_ONEDNN=OFF")
+    message(FATAL_ERROR "locus: LOCUS_ENABLE_ONEDNN=ON but no oneDNN built on GNU OpenMP was found (with OpenMP "
+                        "enabled, libgomp); install it (Debian: libdnnl-dev) or configure with "
+                        "-DLOCUS_ENABLE_ONEDNN=OFF")
+  else()
+    message(STATUS "locus: oneDNN not used for f32 host GEMMs (not found, not x86-64, or not on libgomp; "
+                   "Debian: libdnnl-dev)")
   endif()
 endif()
 

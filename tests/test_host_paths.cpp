@@ -7,6 +7,7 @@
 
 #include <locus/train.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -244,4 +245,21 @@ TEST_CASE("the host's all-finite pass finds every non-finite value wherever it i
     CHECK(wrong == 0);
   }
   CHECK(locus::detail::host_all_finite<false>(0, nullptr, 1.0f, false));
+}
+
+// One long output row (a batch of one): the epilogue splits its columns among threads.
+TEST_CASE("linear's host epilogue on a single long row equals a double-precision reference") {
+  const index_t k = 7, m = 50001;
+  auto x = locus::randn<float, locus::cpu>({1, k}, 911);
+  auto w = locus::randn<float, locus::cpu>({m, k}, 912);
+  auto b = locus::randn<float, locus::cpu>({m}, 913);
+  auto y = locus::linear(x, w, b, locus::activation::relu);
+  int wrong = 0;
+  for (index_t j = 0; j < m; ++j) {
+    double s = b(j);
+    for (index_t p = 0; p < k; ++p) s += static_cast<double>(x(0, p)) * w(j, p);
+    s = s > 0 ? s : 0;
+    wrong += std::abs(y(0, j) - s) > 1e-5 * (1 + std::abs(s));
+  }
+  CHECK(wrong == 0);
 }

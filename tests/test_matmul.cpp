@@ -13,6 +13,12 @@ namespace {
 
 using locus::index_t;
 
+/// Puts the host GEMM library back as it was, however the test ends.
+struct host_gemm_restore {
+  locus::host_gemm before = locus::current_host_gemm();
+  ~host_gemm_restore() { locus::set_host_gemm(before); }
+};
+
 /// Double reference of C = A B for raw strided operands.
 template <class T>
 std::vector<double> raw_reference(index_t m, index_t n, index_t k, const T* a, index_t a_rs,
@@ -97,12 +103,17 @@ TEST_CASE("matmul fallback: a large product runs in parallel row blocks and stay
   CHECK(rel_error(dense(c.data(), m, n, n), ref) <= 1e-5);
 }
 
-TEST_CASE("matmul: f32 2048x2048x2048 through BLAS matches a sampled double reference" *
-          doctest::skip(!locus::detail::has_blas)) {
+TEST_CASE("matmul: f32 2048x2048x2048 through BLAS and oneDNN matches a sampled double reference" *
+          doctest::skip(!locus::detail::has_blas && !locus::detail::has_onednn)) {
   using locus_matmul_test::rel_error;
   const index_t n = 2048;
   auto a = locus::randn<float, locus::cpu>({n, n}, 701);
   auto b = locus::randn<float, locus::cpu>({n, n}, 702);
+  const host_gemm_restore restore;
+  for (locus::host_gemm lib : {locus::host_gemm::blas, locus::host_gemm::onednn}) {
+  if (!locus::host_gemm_available(lib)) continue;
+  CAPTURE(locus::name_of(lib));
+  locus::set_host_gemm(lib);
   auto c = locus::matmul(a, locus::transpose(b));  // the layout linear() uses
   // Every element of 4 rows and 4 columns, and 1000 elements at random.
   std::vector<std::pair<index_t, index_t>> at;
@@ -124,6 +135,7 @@ TEST_CASE("matmul: f32 2048x2048x2048 through BLAS matches a sampled double refe
     got.push_back(c(i, j));
   }
   CHECK(rel_error(got, ref) <= 1e-5);
+  }
 }
 
 TEST_CASE("transpose: a view with swapped shape and strides over the same memory") {
@@ -209,7 +221,8 @@ TEST_CASE("matmul: f32 precision setting round-trips and defaults to full f32") 
 // accumulate, into a padded destination: against double precision.
 TEST_CASE("host GEMM libraries: each one this build has matches a double reference on every layout") {
   using locus_matmul_test::rel_error;
-  const locus::host_gemm before = locus::current_host_gemm();
+  const host_gemm_restore restore;
+  const locus::host_gemm before = restore.before;
   if (!std::getenv("LOCUS_HOST_GEMM")) CHECK(before == locus::detail::best_host_gemm());  // the fastest built in
   for (locus::host_gemm lib : {locus::host_gemm::fallback, locus::host_gemm::blas, locus::host_gemm::onednn}) {
     if (!locus::host_gemm_available(lib)) continue;
@@ -257,7 +270,6 @@ TEST_CASE("host GEMM libraries: each one this build has matches a double referen
       CHECK(rel_error(dense(z.data() + bi * 40 * 17, 40, 17, 17), ref) <= 1e-5);
     }
   }
-  locus::set_host_gemm(before);
 }
 
 TEST_CASE("host GEMM libraries: asking for one this build lacks is an error that names what it has") {
@@ -271,4 +283,30 @@ TEST_CASE("host GEMM libraries: asking for one this build lacks is an error that
   }
   // an out-of-range value is no library either
   CHECK_FALSE(locus::host_gemm_available(static_cast<locus::host_gemm>(7)));
+  CHECK(std::string(locus::name_of(static_cast<locus::host_gemm>(7))) == "unknown");
+  // LOCUS_HOST_GEMM's parser: exact names only
+  CHECK(locus::detail::parse_host_gemm("onednn") == static_cast<int>(locus::host_gemm::onednn));
+  CHECK(locus::detail::parse_host_gemm("blas") == static_cast<int>(locus::host_gemm::blas));
+  CHECK(locus::detail::parse_host_gemm("fallback") == static_cast<int>(locus::host_gemm::fallback));
+  for (const char* bad : {"", "OpenBLAS", "BLAS", "onednn ", "blasx", "bla", "mkl"}) {
+    CAPTURE(bad);
+    CHECK(locus::detail::parse_host_gemm(bad) == -1);
+  }
+}
+
+TEST_CASE("host GEMM libraries: an unusable LOCUS_HOST_GEMM is an error at the first host GEMM, cured by set_host_gemm") {
+  const host_gemm_restore restore;
+  // what host_gemm_choice() holds after reading LOCUS_HOST_GEMM=nonsense
+  locus::detail::host_gemm_choice().store(-1);
+  CHECK_THROWS_WITH_AS(locus::current_host_gemm(), doctest::Contains("is not a host GEMM library of this build"),
+                       locus::value_error);
+  auto a = locus::randn<float, locus::cpu>({4, 3}, 1);
+  auto b = locus::randn<float, locus::cpu>({3, 2}, 2);
+  CHECK_THROWS_AS(locus::matmul(a, b), locus::value_error);
+  locus::set_host_gemm(locus::host_gemm::fallback);  // the program's own choice wins
+  CHECK(locus::current_host_gemm() == locus::host_gemm::fallback);
+  const auto c = locus::matmul(a, b);
+  double s = 0;
+  for (index_t p = 0; p < 3; ++p) s += static_cast<double>(a(1, p)) * b(p, 1);
+  CHECK(c(1, 1) == doctest::Approx(s).epsilon(1e-6));
 }

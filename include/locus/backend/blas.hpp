@@ -53,7 +53,7 @@ enum class host_gemm {
 
 /// The name of a host GEMM library: "fallback", "blas" or "onednn".
 constexpr const char* name_of(host_gemm g) noexcept {
-  return g == host_gemm::onednn ? "onednn" : g == host_gemm::blas ? "blas" : "fallback";
+  return g == host_gemm::onednn ? "onednn" : g == host_gemm::blas ? "blas" : g == host_gemm::fallback ? "fallback" : "unknown";
 }
 
 /// Whether this build has library g.
@@ -64,33 +64,55 @@ constexpr bool host_gemm_available(host_gemm g) noexcept {
 
 namespace detail {
 
-/// The fastest host GEMM this build has.
+/// The fastest host GEMM this build has: oneDNN on x86-64 (its JIT GEMM kernels are
+/// x86-64 only; elsewhere its sgemm is a reference loop), then BLAS.
 constexpr host_gemm best_host_gemm() noexcept {
-  return LOCUS_HAS_ONEDNN ? host_gemm::onednn : LOCUS_HAS_BLAS ? host_gemm::blas : host_gemm::fallback;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (LOCUS_HAS_ONEDNN) return host_gemm::onednn;
+#endif
+  return LOCUS_HAS_BLAS ? host_gemm::blas : host_gemm::fallback;
 }
 
-/// The choice, read from LOCUS_HOST_GEMM the first time (an unknown or unavailable name
-/// is an error then, not a silent default).
-inline std::atomic<int>& host_gemm_choice() {
+/// The library named by s ("onednn", "blas" or "fallback"), or -1 for any other text.
+constexpr int parse_host_gemm(const char* s) noexcept {
+  for (host_gemm g : {host_gemm::fallback, host_gemm::blas, host_gemm::onednn}) {
+    const char* n = name_of(g);
+    int i = 0;
+    while (s[i] != 0 && s[i] == n[i]) ++i;
+    if (s[i] == 0 && n[i] == 0) return static_cast<int>(g);
+  }
+  return -1;
+}
+
+/// The choice: LOCUS_HOST_GEMM when it names a library this build has, the fastest
+/// built in when it is unset or empty, and -1 when it names nothing usable (then
+/// current_host_gemm() throws until set_host_gemm() overrides it). Never throws itself.
+inline std::atomic<int>& host_gemm_choice() noexcept {
   static std::atomic<int> choice = [] {
     const char* env = std::getenv("LOCUS_HOST_GEMM");
     if (!env || !*env) return static_cast<int>(best_host_gemm());
-    for (host_gemm g : {host_gemm::fallback, host_gemm::blas, host_gemm::onednn})
-      if (std::strcmp(env, name_of(g)) == 0) {
-        if (!host_gemm_available(g))
-          throw_value_error("locus: LOCUS_HOST_GEMM=%s, but this build has no %s (it has%s%s fallback)", env, env,
-                            LOCUS_HAS_ONEDNN ? " onednn," : "", LOCUS_HAS_BLAS ? " blas," : "");
-        return static_cast<int>(g);
-      }
-    throw_value_error("locus: LOCUS_HOST_GEMM=%s is not a host GEMM library; use onednn, blas or fallback", env);
+    const int g = parse_host_gemm(env);
+    return g >= 0 && host_gemm_available(static_cast<host_gemm>(g)) ? g : -1;
   }();
   return choice;
 }
 
+[[noreturn, gnu::cold]] inline void throw_bad_host_gemm_env() {
+  const char* env = std::getenv("LOCUS_HOST_GEMM");
+  throw_value_error("locus: LOCUS_HOST_GEMM=%s is not a host GEMM library of this build; use%s%s fallback "
+                    "(or call locus::set_host_gemm)",
+                    env ? env : "", LOCUS_HAS_ONEDNN ? " onednn," : "", LOCUS_HAS_BLAS ? " blas," : "");
+}
+
 }  // namespace detail
 
-/// The library f32 GEMMs on host devices use now.
-inline host_gemm current_host_gemm() { return static_cast<host_gemm>(detail::host_gemm_choice().load()); }
+/// The library f32 GEMMs on host devices use now. Throws value_error when
+/// LOCUS_HOST_GEMM names no library of this build and set_host_gemm() was not called.
+inline host_gemm current_host_gemm() {
+  const int g = detail::host_gemm_choice().load(std::memory_order_relaxed);
+  if (g < 0) detail::throw_bad_host_gemm_env();
+  return static_cast<host_gemm>(g);
+}
 
 /// Makes g the library of f32 host GEMMs from now on, for every thread (products
 /// already running finish with the old one). Throws value_error when this build
@@ -99,7 +121,7 @@ inline void set_host_gemm(host_gemm g) {
   if (!host_gemm_available(g))
     detail::throw_value_error("locus: set_host_gemm(%s): this build has no %s (it has%s%s fallback)", name_of(g),
                               name_of(g), LOCUS_HAS_ONEDNN ? " onednn," : "", LOCUS_HAS_BLAS ? " blas," : "");
-  detail::host_gemm_choice().store(static_cast<int>(g));
+  detail::host_gemm_choice().store(static_cast<int>(g), std::memory_order_relaxed);
 }
 
 }  // namespace locus

@@ -8,32 +8,49 @@
 // sqrtf for negative inputs and then refuse to vectorise the loop. Such a loop (AdamW's
 // update) is written over vecf instead. Each lane computes exactly what the scalar code
 // computes (IEEE single-precision +, -, *, / and sqrt, in the same order), so the vector
-// and scalar forms agree bit for bit. The width follows the user's -m flags (-march=native
+// and scalar forms agree bit for bit, as long as the compiler treats both alike: not
+// under -ffast-math (which may turn a vector division into a reciprocal estimate), and
+// not where FMA contraction (-ffp-contract=fast, GCC's default when the target has FMA)
+// fuses one form and not the other. The width follows the user's -m flags (-march=native
 // gives AVX-512 where the CPU has it); x86-64 without flags gets SSE's four lanes.
 #pragma once
 
 #include <cmath>
 #include <cstring>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#elif defined(__SSE2__)
-#include <xmmintrin.h>
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
-namespace locus::detail::simd {
-
-#if defined(__AVX512F__)
+// No intrinsics headers on x86 (<immintrin.h> alone costs a third of a second per user
+// file): the square roots are the compilers' builtins. nvcc's front end is not asked to
+// parse vector types at all (core/half.hpp does the same): under nvcc the width is 1.
+#if defined(__CUDACC__)
+#define LOCUS_SIMD_WIDTH 1
+#elif defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
 #define LOCUS_SIMD_WIDTH 16
-#elif defined(__AVX__)
+#elif defined(__AVX__) && (defined(__GNUC__) || defined(__clang__))
 #define LOCUS_SIMD_WIDTH 8
-#elif defined(__SSE2__) || (defined(__ARM_NEON) && defined(__aarch64__))
+#elif (defined(__SSE2__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define LOCUS_SIMD_WIDTH 4
+#elif defined(__ARM_NEON) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#include <arm_neon.h>
 #define LOCUS_SIMD_WIDTH 4
 #else
 #define LOCUS_SIMD_WIDTH 1
 #endif
+
+// Files compiled with different -m flags instantiate the vector loops with different
+// bodies: each width lives in its own inline namespace (LOCUS_SIMD_NAMESPACE), so they
+// are different functions to the linker and never replace one another.
+#if LOCUS_SIMD_WIDTH == 16
+#define LOCUS_SIMD_NAMESPACE simd_w16
+#elif LOCUS_SIMD_WIDTH == 8
+#define LOCUS_SIMD_NAMESPACE simd_w8
+#elif LOCUS_SIMD_WIDTH == 4
+#define LOCUS_SIMD_NAMESPACE simd_w4
+#else
+#define LOCUS_SIMD_NAMESPACE simd_w1
+#endif
+
+namespace locus::detail::simd {
+inline namespace LOCUS_SIMD_NAMESPACE {
 
 /// Floats in one vecf.
 inline constexpr int width = LOCUS_SIMD_WIDTH;
@@ -66,19 +83,22 @@ inline float lane(vecf v, int l) noexcept {
 }
 
 /// The correctly rounded square root of every lane (NaN for negative lanes; errno is
-/// never set).
+/// never set by the vector forms).
 inline vecf sqrt(vecf x) noexcept {
-#if defined(__AVX512F__)
-  return reinterpret_cast<vecf>(_mm512_sqrt_ps(reinterpret_cast<__m512>(x)));
-#elif defined(__AVX__)
-  return reinterpret_cast<vecf>(_mm256_sqrt_ps(reinterpret_cast<__m256>(x)));
-#elif defined(__SSE2__)
-  return reinterpret_cast<vecf>(_mm_sqrt_ps(reinterpret_cast<__m128>(x)));
-#elif defined(__ARM_NEON) && defined(__aarch64__)
+#if LOCUS_SIMD_WIDTH == 16 && defined(__clang__)
+  return __builtin_ia32_sqrtps512(x, 4);  // 4: _MM_FROUND_CUR_DIRECTION
+#elif LOCUS_SIMD_WIDTH == 16
+  return __builtin_ia32_sqrtps512_mask(x, x, static_cast<unsigned short>(0xffff), 4);
+#elif LOCUS_SIMD_WIDTH == 8
+  return __builtin_ia32_sqrtps256(x);
+#elif LOCUS_SIMD_WIDTH == 4 && defined(__aarch64__)
   return reinterpret_cast<vecf>(vsqrtq_f32(reinterpret_cast<float32x4_t>(x)));
+#elif LOCUS_SIMD_WIDTH == 4
+  return __builtin_ia32_sqrtps(x);
 #else
   return std::sqrt(x);
 #endif
 }
 
+}  // namespace LOCUS_SIMD_NAMESPACE
 }  // namespace locus::detail::simd

@@ -55,6 +55,9 @@ LOCUS_HOST_DEVICE inline bool finite(C v) {
   return (v - v) == C(0);
 }
 
+// Host loops over simd::vecf: in the width's inline namespace (backend/host_simd.hpp).
+inline namespace LOCUS_SIMD_NAMESPACE {
+
 /// Whether every g[i] (times inv when scaled) is finite, on the host, over simd::vecf:
 /// x - x is +0 for finite x and NaN for infinities and NaN, so a sum of x - x is 0
 /// exactly when all are finite; the pass is loads, multiplies and adds only, and
@@ -91,6 +94,8 @@ bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> 
   }
   return bad == 0;
 }
+
+}  // namespace LOCUS_SIMD_NAMESPACE
 
 /// dst[i] = T(src[i]): master weights to compute weights.
 template <class S, class T>
@@ -791,6 +796,8 @@ struct adamw_kernel {
   }
 };
 
+inline namespace LOCUS_SIMD_NAMESPACE {
+
 /// AdamW over n elements on the host, with g scaled by inv first when scaled (the fused
 /// step's unscale): adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
 /// would keep the compiler from vectorising the loop, see backend/host_simd.hpp) in one
@@ -835,6 +842,8 @@ void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, flo
     else if (pc) pc[i] = pi;
   }
 }
+
+}  // namespace LOCUS_SIMD_NAMESPACE
 
 /// adamw_kernel on the host: scalars read once, one vectorised pass (adamw_host_n).
 template <class C>

@@ -409,22 +409,42 @@ template <class Act, class In, class Out>
 void gemm_epilogue_host(const gemm_epilogue_kernel<Act, In, Out>& k) {
   using C = compute_t<In>;
   const index_t n = k.n, total_rows = k.m * k.batch;
-  [[maybe_unused]] const bool parallel = total_rows > 1 && total_rows * n >= host_parallel_threshold;
+  // One row a task; a single long row is split into column blocks instead.
+  const index_t col_block = total_rows == 1 ? 4096 : n;
+  const index_t col_blocks = (n + col_block - 1) / col_block, tasks = total_rows * col_blocks;
+  [[maybe_unused]] const bool parallel = tasks > 1 && total_rows * n >= host_parallel_threshold;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
-  for (index_t r = 0; r < total_rows; ++r) {
+  for (index_t t = 0; t < tasks; ++t) {
+    const index_t r = t / col_blocks, j0 = (t % col_blocks) * col_block;
+    const index_t nj = n - j0 < col_block ? n - j0 : col_block;
     const index_t bi = r / k.m, row = r % k.m;
-    const In* src = k.in ? k.in + bi * k.in_bs + row * k.in_rs : nullptr;
-    Out* dst = k.out + bi * k.out_bs + row * k.out_rs;
-    const Out* __restrict b = k.bias;
+    const In* src = k.in ? k.in + bi * k.in_bs + row * k.in_rs + j0 : nullptr;
+    Out* dst = k.out + bi * k.out_bs + row * k.out_rs + j0;
+    const Out* __restrict b = k.bias ? k.bias + j0 * k.bias_stride : nullptr;
+    if constexpr (std::is_same_v<In, Out>) {
+      if (static_cast<const void*>(src) == static_cast<const void*>(dst)) {  // in place: the usual f32 case
+        Out* __restrict d = dst;
+        if (b && k.bias_stride == 1) {
+          for (index_t j = 0; j < nj; ++j)
+            d[j] = store<Out>(Act{}(static_cast<C>(load(d[j])) + static_cast<C>(load(b[j]))));
+        } else if (!b) {
+          for (index_t j = 0; j < nj; ++j) d[j] = store<Out>(Act{}(static_cast<C>(load(d[j]))));
+        } else {
+          for (index_t j = 0; j < nj; ++j)
+            d[j] = store<Out>(Act{}(static_cast<C>(load(d[j])) + static_cast<C>(load(b[j * k.bias_stride]))));
+        }
+        continue;
+      }
+    }
     if (src && b && k.bias_stride == 1) {
-      for (index_t j = 0; j < n; ++j)
+      for (index_t j = 0; j < nj; ++j)
         dst[j] = store<Out>(Act{}(static_cast<C>(load(src[j])) + static_cast<C>(load(b[j]))));
     } else if (src && !b) {
-      for (index_t j = 0; j < n; ++j) dst[j] = store<Out>(Act{}(static_cast<C>(load(src[j]))));
+      for (index_t j = 0; j < nj; ++j) dst[j] = store<Out>(Act{}(static_cast<C>(load(src[j]))));
     } else {
-      for (index_t j = 0; j < n; ++j) {
+      for (index_t j = 0; j < nj; ++j) {
         C v = src ? static_cast<C>(load(src[j])) : C(0);
         if (b) v += static_cast<C>(load(b[j * k.bias_stride]));
         dst[j] = store<Out>(Act{}(v));
