@@ -172,6 +172,28 @@ TEST_CASE("training: bf16_mixed reaches within 1 percentage point of fp32 on a F
   CHECK(std::abs(f32.accuracy - b16.accuracy) <= 0.01);
 }
 
+TEST_CASE("training: the progress callback reports every report_every batches and the last batch once") {
+  auto data = synthetic(1024, 5);
+  auto model = synthetic_model<P32>(2);
+  locus::optim::adamw<locus::cpu> opt(model.parameters(), {.lr = 1e-3});
+  locus::train::trainer t(model, opt, nn::cross_entropy{});
+  locus::data::loader<locus::cpu> dl(data, {.batch_size = 64, .shuffle = true, .seed = 1});  // 16 batches
+  REQUIRE(dl.size() == 16);
+  for (const auto& [every, want] : {std::pair<std::int64_t, std::vector<std::int64_t>>{4, {4, 8, 12, 16}},
+                                   {5, {5, 10, 15, 16}}, {16, {16}}, {100, {16}}}) {
+    CAPTURE(every);
+    std::vector<std::int64_t> seen;
+    double last_loss = -1;
+    const auto r = t.train_epoch(dl, {.epoch = 0, .report_every = every, .on_progress = [&](const locus::train::progress& p) {
+                                        seen.push_back(p.batch);
+                                        CHECK(p.batches == 16);
+                                        last_loss = p.loss;
+                                      }});
+    CHECK(seen == want);
+    CHECK(last_loss == r.loss);  // the last call carries the epoch's figures
+  }
+}
+
 TEST_CASE("training: fp16_mixed with a grad scaler learns and its scale moves") {
   auto data = synthetic(1024, 5);
   auto model = synthetic_model<locus::amp::fp16_mixed>(2);

@@ -338,7 +338,8 @@ class trainer {
       step(b.x, b.y);
       samples += b.x.shape()[0];
       ++count;
-      if (eo.on_progress && eo.report_every > 0 && count % eo.report_every == 0) {
+      // The last batch is reported once, after the loop (with the epoch's final figures).
+      if (eo.on_progress && eo.report_every > 0 && count % eo.report_every == 0 && count != total) {
         const metrics r = report();
         loss_sum += r.loss * static_cast<double>(r.samples);
         loss_samples += r.samples;
