@@ -749,3 +749,57 @@ TEST_CASE("loader rejects bad options") {
   CHECK_THROWS_AS(L(src, {.rank = -1}), locus::error);
   CHECK_THROWS_AS(L(src, {.prefetch = 0}), locus::error);
 }
+
+TEST_CASE_TEMPLATE("tensor_dataset: a loader over in-memory tensors yields their rows and labels in the epoch's order",
+                   D, LOCUS_TEST_DEVICES) {
+  const locus::index_t n = 37, f = 5;
+  locus::tensor<float, locus::cpu, 2> x(locus::extents<2>{n, f});
+  locus::tensor<std::int64_t, locus::cpu, 1> y(locus::extents<1>{n});
+  for (locus::index_t i = 0; i < n; ++i) {
+    y(i) = (i * 7) % 10;
+    for (locus::index_t j = 0; j < f; ++j) x(i, j) = static_cast<float>(i * 100 + j);
+  }
+  locus::data::tensor_dataset set(std::move(x), std::move(y));
+  CHECK(set.size() == n);
+  CHECK(set.features() == f);
+  locus::data::loader<D, locus::data::tensor_dataset> l(set, {.batch_size = 8, .shuffle = true, .seed = 3});
+  l.set_epoch(2);
+  const auto order = locus::data::detail::epoch_order(n, true, 3, 2);
+  std::size_t at = 0;
+  int wrong = 0;
+  for (auto& [xb, yb] : l) {
+    const auto hx = locus::to<locus::cpu>(xb);
+    const auto hy = locus::to<locus::cpu>(yb);
+    for (locus::index_t k = 0; k < hy.extent(0); ++k, ++at) {
+      const locus::index_t i = order[at];
+      wrong += hy(k) != (i * 7) % 10;
+      for (locus::index_t j = 0; j < f; ++j) wrong += hx(k, j) != static_cast<float>(i * 100 + j);
+    }
+  }
+  CHECK(at == static_cast<std::size_t>(n));
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("tensor_dataset: a label count that is not the row count, and loads out of range, are errors") {
+  locus::tensor<float, locus::cpu, 2> x(locus::extents<2>{4, 3});
+  locus::tensor<std::int64_t, locus::cpu, 1> y(locus::extents<1>{5});
+  CHECK_THROWS_WITH_AS(locus::data::tensor_dataset(std::move(x), std::move(y)),
+                       "locus: tensor_dataset has 4 rows of features but 5 labels; give one label per row",
+                       locus::shape_error);
+  locus::data::tensor_dataset ok(locus::zeros<float, locus::cpu>({4, 3}), locus::zeros<std::int64_t, locus::cpu>({4}));
+  std::vector<float> buf(3), small(2);
+  CHECK(ok.load(3, buf) == 0);
+  CHECK_THROWS_AS(ok.load(4, buf), locus::index_error);
+  CHECK_THROWS_AS(ok.load(-1, buf), locus::index_error);
+  CHECK_THROWS_AS(ok.load(0, small), locus::index_error);
+  // empty: a loader of no batches
+  locus::data::tensor_dataset empty(locus::zeros<float, locus::cpu>({0, 3}), locus::zeros<std::int64_t, locus::cpu>({0}));
+  locus::data::loader<locus::cpu, locus::data::tensor_dataset> l(empty, {.batch_size = 4});
+  CHECK(l.size() == 0);
+  int batches = 0;
+  for (auto& b : l) {
+    (void)b;
+    ++batches;
+  }
+  CHECK(batches == 0);
+}

@@ -86,6 +86,7 @@
 #include "../ops/random.hpp"
 #include "../tensor/tensor.hpp"
 #include "idx.hpp"
+#include "tensor_dataset.hpp"
 
 #if LOCUS_HAS_CUDA
 #include "../backend/cuda/runtime.hpp"
