@@ -707,3 +707,75 @@ TEST_CASE("training: learning-rate schedules follow their closed forms") {
   for (int k = 0; k < 21; ++k) t.step(x, y);
   CHECK(opt.lr() == doctest::Approx(0.2 * 0.25));  // step 20 -> gamma^2
 }
+
+TEST_CASE("nn::save and nn::load: a model's weights alone, round trip, bf16 compute copy, checkpoints, mismatches") {
+  const fs::path dir = temp_dir("model-save");
+  auto x = locus::randn<float, locus::cpu>({9, 16}, 77);
+  const auto out = [](auto& model, const auto& in) {
+    const auto y = model.infer(in.view());
+    return host_values(y.view());
+  };
+  SUBCASE("fp32: a fresh model gives the same outputs, bit for bit") {
+    auto a = synthetic_model(5);
+    auto b = synthetic_model(6);
+    const auto ya = out(a, std::as_const(x));
+    CHECK(out(b, std::as_const(x)) != ya);
+    nn::save(dir / "m.safetensors", a);
+    nn::load(dir / "m.safetensors", b);
+    CHECK(out(b, std::as_const(x)) == ya);
+    // the file holds only the weights, under PyTorch's names
+    const auto arch = locus::io::load<locus::cpu>(dir / "m.safetensors");
+    CHECK(arch.entries().size() == 4);
+    CHECK(arch.contains("0.weight"));
+    CHECK(arch.contains("3.bias"));
+    CHECK(arch.metadata().at("format") == "locus-model-1");
+  }
+  SUBCASE("bf16_mixed: infer() uses the loaded weights at once (the compute copy is refreshed)") {
+    using PB = locus::amp::bf16_mixed;
+    auto xb = locus::cast<locus::bf16>(x);
+    locus::tensor<locus::bf16, locus::cpu, 2> xbt = xb;
+    auto a = synthetic_model<PB>(5);
+    auto b = synthetic_model<PB>(6);
+    const auto ya = out(a, std::as_const(xbt));
+    nn::save(dir / "b.safetensors", a);
+    nn::load(dir / "b.safetensors", b);
+    CHECK(out(b, std::as_const(xbt)) == ya);
+  }
+  SUBCASE("a training checkpoint's weights load too; its optimizer state is ignored") {
+    auto a = synthetic_model(5);
+    locus::optim::adamw<locus::cpu> opt(a.parameters(), {.lr = 1e-2});
+    locus::train::trainer t(a, opt, nn::cross_entropy{});
+    auto data = synthetic(256, 5);
+    locus::data::loader<locus::cpu> dl(data, {.batch_size = 64});
+    t.train_epoch(dl, {.epoch = 0});
+    locus::train::save_checkpoint(dir / "ckpt.safetensors", t, 1);
+    auto b = synthetic_model(6);
+    nn::load(dir / "ckpt.safetensors", b);
+    CHECK(out(b, std::as_const(x)) == out(a, std::as_const(x)));
+  }
+  SUBCASE("another model's file is shape_error listing every mismatch, and the model is unchanged") {
+    nn::sequential other(nn::linear<locus::cpu, P32>(16, 8), nn::relu<locus::cpu, P32>(), nn::linear<locus::cpu, P32>(8, 3));
+    nn::save(dir / "other.safetensors", other);
+    auto b = synthetic_model(6);
+    const auto before = host_values(std::as_const(b.parameters()).master());
+    try {
+      nn::load(dir / "other.safetensors", b);
+      FAIL("no error");
+    } catch (const locus::shape_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("0.weight: model [32, 16], file [8, 16]") != std::string::npos);
+      CHECK(m.find("3.weight: model [3, 32], file has no such tensor") != std::string::npos);
+      CHECK(m.find("2.weight: file [3, 8], model has no such parameter") != std::string::npos);
+    }
+    CHECK(host_values(std::as_const(b.parameters()).master()) == before);
+  }
+  SUBCASE("f32 weights into an fp64 model are io_error naming both dtypes; a missing file is io_error") {
+    auto a = synthetic_model(5);
+    nn::save(dir / "f32.safetensors", a);
+    auto d = synthetic_model<locus::amp::fp64>(5);
+    CHECK_THROWS_WITH_AS(nn::load(dir / "f32.safetensors", d), doctest::Contains("is F32, but this model's weights are F64"),
+                         locus::io_error);
+    CHECK_THROWS_AS(nn::load(dir / "missing.safetensors", d), locus::io_error);
+  }
+  fs::remove_all(dir);
+}

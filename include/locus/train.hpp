@@ -17,5 +17,6 @@
 
 #if defined(LOCUS_HAS_JSON) && LOCUS_HAS_JSON
 #include "io/safetensors.hpp"
+#include "nn/serialize.hpp"
 #include "train/checkpoint.hpp"
 #endif

@@ -1,0 +1,100 @@
+// Saving and loading a model's weights alone, for inference or to start another run:
+//
+//   locus::nn::save("mlp.safetensors", model);   // weights only, PyTorch's names
+//   locus::nn::load("mlp.safetensors", model);   // onto the model's device; infer() at once
+//
+// The file is safetensors with the master weights under the names PyTorch's
+// nn.Sequential gives them ("0.weight", "0.bias", ...), so torch's
+// `model.load_state_dict(safetensors.torch.load_file(path))` reads it, and
+// __metadata__ {"format": "locus-model-1", "policy": ...}. nn::load also reads a
+// training checkpoint (train::save_checkpoint), taking its weights and ignoring the
+// optimizer and scaler state. A file of another model is shape_error listing every
+// mismatched tensor with both shapes; weights of another dtype (f32 for an fp64 model)
+// or a corrupt file are io_error; a failed load changes nothing in the model. After a
+// load the compute copy (bf16/f16 policies) is refreshed, so infer() uses the new
+// weights. Like the trainer's checkpoints, nn::load onto a cuda model needs nvcc (it
+// refreshes the compute copy with a kernel). Needs nlohmann-json (LOCUS_HAS_JSON).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <type_traits>
+
+#include "../core/error.hpp"
+#include "../io/safetensors.hpp"
+#include "../transfer/copy.hpp"
+#include "parameters.hpp"
+
+namespace locus::nn {
+
+namespace detail {
+/// A flat range of the store reshaped to a parameter's shape (rank 1 or 2), given to f.
+template <class T, class D, class F>
+void with_shape(T* base, const parameter_info& e, F&& f) {
+  if (e.shape.size() == 2)
+    f(tensor_view<T, D, 2>(::locus::detail::raw_view_key{}, base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
+  else
+    f(tensor_view<T, D, 1>(::locus::detail::raw_view_key{}, base + e.offset, extents<1>{e.numel}));
+}
+}  // namespace detail
+
+/// Writes the model's weights to `path` (atomically: a temporary file, fsync, rename).
+template <class Model>
+void save(const std::filesystem::path& path, const Model& model) {
+  using D = typename Model::device;
+  using P = typename Model::policy;
+  using M = typename P::master;
+  const auto& store = model.parameters();
+  io::writer w;
+  const M* base = store.master().data_handle();
+  for (const auto& e : store.entries())
+    detail::with_shape<const M, D>(base, e, [&](const auto& v) { w.add(e.name, v); });
+  w.metadata("format", "locus-model-1");
+  w.metadata("policy", std::string(P::name));
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  w.save(path);
+}
+
+/// Reads weights saved by nn::save or train::save_checkpoint into the model, onto its
+/// device. Throws shape_error (another model) or io_error (dtype, corrupt file); a failed
+/// load leaves the model as it was.
+template <class Model>
+void load(const std::filesystem::path& path, Model& model) {
+  static_assert(!std::is_const_v<Model>,
+                "locus: nn::load writes the weights into the model, but this one is const; pass a non-const model");
+  using D = typename Model::device;
+  using P = typename Model::policy;
+  using M = typename P::master;
+  const auto a = io::load<D>(path);
+  auto& store = model.parameters();
+  std::string mismatches;
+  for (const auto& e : store.entries()) {
+    if (!a.contains(e.name)) {
+      mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", file has no such tensor";
+      continue;
+    }
+    const io::tensor_info& f = a.info(e.name);
+    if (f.shape != e.shape) mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", file " + f.shape_string();
+  }
+  for (const auto& [name, f] : a.entries()) {
+    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;  // a training checkpoint's
+    bool known = false;
+    for (const auto& e : store.entries()) known = known || e.name == name;
+    if (!known)
+      mismatches += "\n  " + io::detail::printable(name) + ": file " + f.shape_string() + ", model has no such parameter";
+  }
+  if (!mismatches.empty())
+    throw shape_error("locus: '" + a.path() + "' holds the weights of a model of another shape:" + mismatches);
+  for (const auto& e : store.entries()) {
+    const io::tensor_info& f = a.info(e.name);
+    if (f.dtype != io::detail::st_dtype<M>())
+      throw io_error("locus: '" + a.path() + "': tensor '" + e.name + "' is " + io::detail::printable(f.dtype) +
+                     ", but this model's weights are " + io::detail::st_dtype<M>() + " (policy " + std::string(P::name) +
+                     "); load it into a model of the policy it was saved from");
+  }
+  for (std::size_t i = 0; i < store.entries().size(); ++i)
+    copy(a.template flat<M>(store.entries()[i].name), store.master_flat(i));
+  store.sync_compute();
+}
+
+}  // namespace locus::nn
