@@ -3,8 +3,12 @@
 //
 //   fashion_mnist [--data DIR] [--device auto|cpu|cuda] [--precision fp32|bf16|fp16]
 //                 [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]
-//                 [--hidden A,B,...] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]
+//                 [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]
 //                 [--memory-limit BYTES[K|M|G]]
+//
+// The command line is parsed strictly by CLI11 before anything else happens: a malformed
+// or out-of-range value names its option and exits 2; --help lists the options on
+// stdout and exits 0.
 //
 // --batch-size auto tries batches from 64 up (doubling, then bisecting) and keeps the
 // largest whose forward and backward fit the device's memory, counting the batches the
@@ -18,6 +22,8 @@
 #include <algorithm>
 #include <locus/data/loader.hpp>
 #include <locus/train.hpp>
+
+#include <CLI/CLI.hpp>
 
 #include <unistd.h>
 
@@ -50,79 +56,93 @@ struct config {
   std::size_t memory_limit = 0;  // 0: none
 };
 
-/// "512M" -> 536870912; throws std::invalid_argument on a malformed size.
-std::size_t parse_bytes(const std::string& v) {
-  std::size_t used = 0;
-  const double x = std::stod(v, &used);
-  double mult = 1;
-  const std::string rest = v.substr(used);
-  if (rest == "K" || rest == "k") mult = 1024.0;
-  else if (rest == "M" || rest == "m") mult = 1024.0 * 1024;
-  else if (rest == "G" || rest == "g") mult = 1024.0 * 1024 * 1024;
-  else if (!rest.empty()) throw std::invalid_argument("size suffix");
-  if (!(x > 0)) throw std::invalid_argument("size");
-  return static_cast<std::size_t>(x * mult);
-}
-
+/// A command-line error: the message, a pointer to --help, exit status 2 (before anything
+/// else is printed).
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "fashion_mnist: %s\n"
-               "usage: fashion_mnist [--data DIR] [--device auto|cpu|cuda] [--precision fp32|bf16|fp16]\n"
-               "                     [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]\n"
-               "                     [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]\n"
-               "                     [--memory-limit BYTES[K|M|G]]\n",
+  std::fprintf(stderr, "fashion_mnist: %s\nusage: fashion_mnist [OPTIONS]; fashion_mnist --help lists them\n",
                why.c_str());
   std::exit(2);
 }
 
+/// Parses the command line strictly with CLI11: every value whole, in range, and an error
+/// names its option; --help prints the options to stdout and exits 0.
 config parse(int argc, char** argv) {
   config c;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) usage(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
+  CLI::App app{"fashion_mnist: trains an MLP classifier on Fashion-MNIST (or any IDX directory, such as MNIST)\n"
+               "with locus's typed training loop.",
+               "fashion_mnist"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--data", c.data, "IDX directory (train-* and t10k-* files, plain or .gz)");
+  app.add_option("--device", c.device, "where to train")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--precision", c.precision, "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--epochs", c.epochs, "epochs to train (the cosine schedule spans them)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--batch-size", c.batch_size, "samples per micro-batch, or auto (the largest that fits)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return {};
+            long long n = 0;
+            std::size_t used = 0;
+            try {
+              n = std::stoll(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || used == 0) return "'" + v + "' is not a number or auto";
+            if (n < 1 || n > (1LL << 31)) return "'" + v + "' is not in [1, 2^31]";
+            return {};
+          },
+          "N|auto"));
+  app.add_option("--lr", c.lr, "base learning rate")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            std::size_t used = 0;
+            double x = 0;
+            try {
+              x = std::stod(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || used == 0) return "'" + v + "' is not a number";
+            if (!(x > 0 && x <= 10)) return "'" + v + "' is not in (0, 10]";
+            return {};
+          },
+          "X in (0, 10]"));
+  app.add_option("--accumulate", c.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 65536));
+  app.add_option("--seed", c.seed, "seed of the initial weights and the shuffle (0 to 2^64-1)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+              return "'" + v + "' is not a non-negative integer";
+            return {};
+          },
+          "N"));
+  app.add_option("--hidden", c.hidden, "the two hidden layers' widths, e.g. 512,256")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write last.safetensors and epoch-N.safetensors here");
+  auto* resume = app.add_option("--resume", c.resume_file,
+                                "resume from FILE (default: last.safetensors in --checkpoint-dir), with the "
+                                "first run's options")
+                     ->expected(0, 1);
+  app.add_option("--log", c.log, "append each epoch's figures to this CSV file");
+  app.add_option("--memory-limit", c.memory_limit, "cap the device's allocator, e.g. 512M")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v == "0" ? std::string("a limit of 0 bytes holds nothing; give a size such as 512M") : std::string();
+          },
+          "BYTES"));
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--data") c.data = value(i);
-      else if (a == "--device") c.device = value(i);
-      else if (a == "--precision") c.precision = value(i);
-      else if (a == "--epochs") c.epochs = std::stoi(value(i));
-      else if (a == "--batch-size") c.batch_size = value(i);
-      else if (a == "--lr") c.lr = std::stod(value(i));
-      else if (a == "--accumulate") c.accumulate = std::stoi(value(i));
-      else if (a == "--seed") c.seed = std::stoull(value(i));
-      else if (a == "--checkpoint-dir") c.checkpoint_dir = value(i);
-      else if (a == "--log") c.log = value(i);
-      else if (a == "--memory-limit") c.memory_limit = parse_bytes(value(i));
-      else if (a == "--hidden") {
-        c.hidden.clear();
-        std::string s = value(i);
-        std::size_t p = 0;
-        while (p <= s.size()) {
-          const std::size_t q = s.find(',', p);
-          c.hidden.push_back(std::stoll(s.substr(p, q - p)));
-          if (q == std::string::npos) break;
-          p = q + 1;
-        }
-        if (c.hidden.size() != 2) usage("--hidden takes two layer widths, e.g. 512,256");
-      } else if (a == "--resume") {
-        c.resume = true;
-        if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) c.resume_file = argv[++i];
-      } else if (a == "--help" || a == "-h") {
-        usage("trains an MLP on Fashion-MNIST");
-      } else {
-        usage("unknown option " + a);
-      }
-    }
-  } catch (const std::logic_error&) {
-    usage("a numeric option has a value that is not a number");
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));  // the options to stdout, status 0
+  } catch (const CLI::ParseError& e) {
+    usage(e.what());
   }
-  if (c.epochs < 1) usage("--epochs must be at least 1");
-  if (c.accumulate < 1) usage("--accumulate must be at least 1");
-  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") usage("--device is auto, cpu or cuda");
-  if (!c.precision.empty() && c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
-    usage("--precision is fp32, bf16 or fp16");
+  c.resume = resume->count() > 0;
   return c;
 }
 
@@ -184,8 +204,7 @@ int run(const config& c) {
       std::printf("batch size auto: %lld (the largest that fits %s memory, searched up to %lld)\n",
                   static_cast<long long>(batch), std::string(D::name).c_str(), static_cast<long long>(cap));
     } else {
-      batch = std::stoll(c.batch_size);
-      if (batch < 1) usage("--batch-size must be at least 1 or auto");
+      batch = std::stoll(c.batch_size);  // checked by parse()
     }
     auto lo = train_options;
     lo.batch_size = batch;

@@ -14,7 +14,8 @@ the trainer on the CPU and checks what a user relies on:
   * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
   * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
     small for anything fails with a message and exit status 1;
-  * a bad option exits with status 2 and the usage text.
+  * a bad option (malformed, out of range, unknown) exits with status 2, names the option
+    and prints nothing on stdout; --help exits 0 with the options on stdout.
 The dataset comes from LOCUS_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist
 (the Debian package dataset-fashion-mnist); without it the test is skipped (exit 77).
 """
@@ -182,10 +183,22 @@ def main():
     if "fashion_mnist:" not in err:
         fail("a memory limit that fits nothing should fail with a message:\n" + err)
 
-    # A bad option: usage and status 2.
+    # A bad option: usage and status 2, the option named, before anything else is printed.
     _, err = run(binary, "--epochs", "0", expect=2)
     if "usage:" not in err:
         fail("no usage text for a bad option:\n" + err)
+    for bad, option in ((["--epochs", "2x"], "--epochs"), (["--lr", "-1"], "--lr"), (["--lr", "abc"], "--lr"),
+                        (["--seed", "-3"], "--seed"), (["--batch-size", "0"], "--batch-size"),
+                        (["--hidden", "512"], "--hidden"), (["--memory-limit", "0"], "--memory-limit"),
+                        (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device")):
+        out, err = run(binary, *bad, expect=2)
+        if option not in err or out:
+            fail(f"{' '.join(bad)}: expected an error naming {option} and nothing on stdout:\n"
+                 f"--- stdout\n{out}\n--- stderr\n{err}")
+    # --help succeeds, on stdout
+    out, err = run(binary, "--help", expect=0)
+    if "--batch-size" not in out or err:
+        fail("--help should list the options on stdout:\n" + out + err)
     print("main job: all checks passed")
     return 0
 
