@@ -227,10 +227,28 @@ int run(const config& c) {
 
     std::ofstream log;
     if (!c.log.empty()) {
-      const bool fresh = !std::filesystem::exists(c.log) || first_epoch == 0;
-      log.open(c.log, fresh ? std::ios::trunc : std::ios::app);
+      // A resumed run keeps the rows of the epochs before the checkpoint and drops later
+      // ones (resuming from an earlier checkpoint would otherwise repeat them).
+      std::vector<std::string> kept;
+      if (first_epoch > 0 && std::filesystem::exists(c.log)) {
+        std::ifstream in(c.log);
+        std::string line;
+        std::getline(in, line);  // the header
+        while (std::getline(in, line)) {
+          const std::size_t comma = line.find(',');
+          long long epoch = 0;
+          try {
+            epoch = std::stoll(line.substr(0, comma));
+          } catch (const std::exception&) {
+            continue;
+          }
+          if (epoch >= 1 && epoch <= first_epoch) kept.push_back(line);
+        }
+      }
+      log.open(c.log, std::ios::trunc);
       if (!log) throw locus::io_error("cannot write " + c.log);
-      if (fresh) log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds\n";
+      log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds\n";
+      for (const auto& line : kept) log << line << '\n';
     }
 
     std::printf("model: %lld-%lld-%lld-%lld MLP, %lld parameters; %s on %s, batch %lld x %d, %d epochs\n",

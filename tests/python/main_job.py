@@ -156,6 +156,13 @@ def main():
     with open(b_log) as f:
         if [row["epoch"] for row in csv.DictReader(f)] != ["1", "2", "3"]:
             fail("--log after --resume does not continue the CSV")
+    # Resuming from epoch 2 with the whole 3-epoch CSV: epoch 3's row is replaced, not repeated.
+    d_log = os.path.join(work, "d.csv")
+    shutil.copyfile(a_log, d_log)
+    run(binary, *common, "--epochs", "3", "--resume", os.path.join(ck, "epoch-2.safetensors"), "--log", d_log)
+    with open(d_log) as f:
+        if [row["epoch"] for row in csv.DictReader(f)] != ["1", "2", "3"]:
+            fail("--log after resuming from an earlier epoch repeats rows:\n" + open(d_log).read())
 
     # --resume without a file takes last.safetensors (after epoch 3): nothing to train,
     # the evaluation of the saved model gives the accuracy the run printed.
