@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -214,12 +215,35 @@ int run(const config& c) {
         (static_cast<std::int64_t>(train_loader.size()) + c.accumulate - 1) / c.accumulate;
     t.set_schedule(locus::optim::cosine_lr{steps_per_epoch * c.epochs, c.lr * 0.01});
 
+    // Recorded in every checkpoint, compared on --resume.
+    std::string hidden_text = std::to_string(c.hidden[0]) + "," + std::to_string(c.hidden[1]);
+    char lr_text[32];
+    std::snprintf(lr_text, sizeof lr_text, "%.17g", c.lr);
+    const std::map<std::string, std::string> run_info{{"epochs", std::to_string(c.epochs)},
+                                                      {"batch-size", std::to_string(batch)},
+                                                      {"accumulate", std::to_string(c.accumulate)},
+                                                      {"lr", lr_text},
+                                                      {"seed", std::to_string(c.seed)},
+                                                      {"hidden", hidden_text}};
     std::int64_t first_epoch = 0;
     if (c.resume) {
       std::string file = c.resume_file;
       if (file.empty()) {
         if (c.checkpoint_dir.empty()) usage("--resume without a file needs --checkpoint-dir");
         file = (std::filesystem::path(c.checkpoint_dir) / "last.safetensors").string();
+      }
+      {
+        // The run's options that shape training must be the first run's: the cosine
+        // schedule spans --epochs steps of --batch-size x --accumulate, and the
+        // checkpoint's learning rate and seed win over new ones.
+        const auto saved = locus::train::run_options(locus::io::load<locus::cpu>(file));
+        std::string diff;
+        for (const auto& [k, v] : run_info)
+          if (const auto it = saved.find(k); it != saved.end() && it->second != v)
+            diff += " --" + k + " " + it->second + " (this run: " + v + ")";
+        if (!diff.empty())
+          usage("--resume: " + file + " was written by a run with" + diff +
+                "; resume with the first run's options, or start a new run without --resume");
       }
       first_epoch = locus::train::resume(file, t);
       std::printf("resumed from %s after epoch %lld\n", file.c_str(), static_cast<long long>(first_epoch));
@@ -284,8 +308,8 @@ int run(const config& c) {
             << std::flush;
       if (!c.checkpoint_dir.empty()) {
         const std::filesystem::path dir(c.checkpoint_dir);
-        locus::train::save_checkpoint(dir / ("epoch-" + std::to_string(e + 1) + ".safetensors"), t, e + 1);
-        locus::train::save_checkpoint(dir / "last.safetensors", t, e + 1);
+        locus::train::save_checkpoint(dir / ("epoch-" + std::to_string(e + 1) + ".safetensors"), t, e + 1, run_info);
+        locus::train::save_checkpoint(dir / "last.safetensors", t, e + 1, run_info);
       }
     }
     std::printf("final test accuracy %.4f\n", ev.accuracy);

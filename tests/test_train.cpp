@@ -779,3 +779,20 @@ TEST_CASE("nn::save and nn::load: a model's weights alone, round trip, bf16 comp
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("checkpoints: the run's options are stored beside the state and read back; bad keys are refused") {
+  const fs::path dir = temp_dir("run-options");
+  auto m = synthetic_model(5);
+  locus::optim::adamw<locus::cpu> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, nn::cross_entropy{});
+  locus::train::save_checkpoint(dir / "a.safetensors", t, 1, {{"epochs", "15"}, {"batch-size", "128"}});
+  const auto opts = locus::train::run_options(locus::io::load<locus::cpu>(dir / "a.safetensors"));
+  CHECK(opts == std::map<std::string, std::string>{{"batch-size", "128"}, {"epochs", "15"}});
+  locus::train::save_checkpoint(dir / "b.safetensors", t, 1);
+  CHECK(locus::train::run_options(locus::io::load<locus::cpu>(dir / "b.safetensors")).empty());
+  CHECK(locus::train::resume(dir / "a.safetensors", t) == 1);  // the extra metadata does not disturb a resume
+  for (const char* bad : {"", "two words", "tab\there"})
+    CHECK_THROWS_AS(locus::train::save_checkpoint(dir / "c.safetensors", t, 1, {{bad, "1"}}), locus::value_error);
+  CHECK_FALSE(fs::exists(dir / "c.safetensors"));
+  fs::remove_all(dir);
+}

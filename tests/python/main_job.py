@@ -156,6 +156,10 @@ def main():
     with open(b_log) as f:
         if [row["epoch"] for row in csv.DictReader(f)] != ["1", "2", "3"]:
             fail("--log after --resume does not continue the CSV")
+    # Resuming with options that differ from the first run's is refused, naming them.
+    _, err = run(binary, *common, "--epochs", "4", "--resume", os.path.join(ck, "epoch-2.safetensors"), expect=2)
+    if "--epochs 3 (this run: 4)" not in err:
+        fail("--resume with another --epochs should be refused naming both values:\n" + err)
     # Resuming from epoch 2 with the whole 3-epoch CSV: epoch 3's row is replaced, not repeated.
     d_log = os.path.join(work, "d.csv")
     shutil.copyfile(a_log, d_log)

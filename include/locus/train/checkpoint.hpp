@@ -11,7 +11,8 @@
 //                                    momentum_buffer), and "optimizer.step" (i64 [1])
 //   "scaler.state"                   grad scaler: scale, growth tracker, skipped steps (f32 [3])
 // and in __metadata__: format, epoch (epochs finished), micro_steps, optimizer_steps,
-// base_lr, lr, seed, policy, optimizer and the dropout layers' RNG counters ("rng.<i>").
+// base_lr, lr, seed, policy, optimizer, the dropout layers' RNG counters ("rng.<i>") and
+// the caller's run options ("run.<key>", see save_checkpoint and run_options).
 // Resuming from the checkpoint written after epoch k and training on gives the same
 // losses, bit for bit on the CPU, as a run that never stopped: the loader's order is a
 // function of (seed, epoch), dropout's of (seed, counter), and everything else is state
@@ -153,9 +154,19 @@ void check_scaler_state(const tensor<float, cpu, 1>& s, const std::string& path)
 }  // namespace detail
 
 /// Writes the trainer's model, optimizer, scaler and counters to `path` (atomically).
-/// `epoch`: the number of epochs finished.
+/// `epoch`: the number of epochs finished. `run`: the options of the run that a resume
+/// should match (total epochs, batch size, ...), stored as "run.<key>" in __metadata__
+/// and read back with run_options(archive); keys are non-empty and printable.
 template <class Trainer>
-void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t epoch) {
+void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t epoch,
+                     const std::map<std::string, std::string>& run = {}) {
+  for (const auto& [k, v] : run) {
+    bool printable = !k.empty();
+    for (const char ch : k) printable = printable && ch > ' ' && ch < 127;
+    if (!printable)
+      throw value_error("locus: save_checkpoint: run option key '" + io::detail::printable(k) +
+                        "' must be non-empty printable text without spaces");
+  }
   using D = typename Trainer::device;
   using P = typename Trainer::policy;
   auto& model = t.model();
@@ -185,8 +196,19 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
   model.for_each_layer([&](std::size_t i, auto& layer) {
     if constexpr (requires { layer.counter(); }) w.metadata("rng." + std::to_string(i), std::to_string(layer.counter()));
   });
+  for (const auto& [k, v] : run) w.metadata("run." + k, v);
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   w.save(path);
+}
+
+/// The run options save_checkpoint stored ("run.<key>" in __metadata__, without the
+/// prefix); empty for files written without them.
+template <Device AD>
+std::map<std::string, std::string> run_options(const io::archive<AD>& a) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : a.metadata())
+    if (k.rfind("run.", 0) == 0) out[k.substr(4)] = v;
+  return out;
 }
 
 namespace detail {
