@@ -181,6 +181,7 @@ int run(const config& c) {
   model.reset_parameters(c.seed);
   locus::optim::adamw<D> opt(model.parameters(), {.lr = c.lr, .weight_decay = 1e-4});
 
+  constexpr locus::index_t eval_batch_size = 1000;
   auto go = [&](auto& t) -> int {
     // Batch size: a number, or the largest that fits the device's memory.
     const locus::data::loader_options train_options{.shuffle = true, .seed = c.seed};
@@ -188,13 +189,20 @@ int run(const config& c) {
     if (c.batch_size == "auto") {
       const locus::index_t cap = std::min<locus::index_t>(train_set.size(), 4096);
       // The loader keeps `prefetch` batches on the device beside the one in use: the
-      // probe holds as many while it runs forward and backward.
+      // probe holds as many while it runs forward and backward. Evaluation runs while
+      // the training's buffers are still held: the probe also holds the test loader's
+      // batches (prefetch + 1 of eval_batch) and the inference forward's activations.
       std::vector<locus::tensor<float, D, 2>> ahead;
+      const locus::index_t widths = c.hidden[0] + c.hidden[1] + classes;
       batch = locus::train::find_max_batch_size(
           t,
           [&](locus::index_t b) {
+            const locus::index_t eval_batch = std::min({eval_batch_size, b, test_set.size()});
             ahead.clear();
             for (int k = 0; k < train_options.prefetch; ++k) ahead.push_back(locus::empty<float, D>({b, features + 2}));
+            for (int k = 0; k <= train_options.prefetch; ++k)
+              ahead.push_back(locus::empty<float, D>({eval_batch, features + 2}));
+            ahead.push_back(locus::empty<float, D>({eval_batch, 2 * widths}));
             auto x = locus::zeros<float, D>({b, features});
             auto y = locus::zeros<std::int64_t, D>({b});
             return std::pair{std::move(x), std::move(y)};
@@ -210,7 +218,10 @@ int run(const config& c) {
     auto lo = train_options;
     lo.batch_size = batch;
     locus::data::loader<D> train_loader(train_set, lo);
-    locus::data::loader<D> test_loader(test_set, {.batch_size = 1000});
+    // Evaluation in batches of 1000, or of the training batch when auto chose a smaller one.
+    const locus::index_t eval_batch =
+        c.batch_size == "auto" ? std::min(eval_batch_size, batch) : eval_batch_size;
+    locus::data::loader<D> test_loader(test_set, {.batch_size = eval_batch, .prefetch = train_options.prefetch});
     const auto steps_per_epoch =
         (static_cast<std::int64_t>(train_loader.size()) + c.accumulate - 1) / c.accumulate;
     t.set_schedule(locus::optim::cosine_lr{steps_per_epoch * c.epochs, c.lr * 0.01});

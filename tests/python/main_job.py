@@ -13,7 +13,8 @@ the trainer on the CPU and checks what a user relies on:
   * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
   * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
   * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
-    small for anything fails with a message and exit status 1;
+    small for anything fails with a message and exit status 1; on the whole dataset under
+    64 MiB the chosen batch leaves room for evaluation (the epoch and its evaluation finish);
   * a bad option (malformed, out of range, unknown) exits with status 2, names the option
     and prints nothing on stdout; --help exits 0 with the options on stdout.
 The dataset comes from LOCUS_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist
@@ -193,6 +194,14 @@ def main():
     _, err = run(binary, *args, "--epochs", "1", "--batch-size", "auto", "--memory-limit", "64K", expect=1)
     if "fashion_mnist:" not in err:
         fail("a memory limit that fits nothing should fail with a message:\n" + err)
+
+    # On the whole dataset under 64 MiB (the datasets themselves hold 55 MiB): the batch
+    # auto picks must also leave room for evaluation, which runs while training's buffers
+    # are held, so the epoch and its evaluation finish.
+    out, _ = run(binary, "--data", src, "--device", "cpu", "--epochs", "1", "--batch-size", "auto",
+                 "--memory-limit", "64M")
+    if len(epochs_of(out)) != 1:
+        fail("--batch-size auto --memory-limit 64M on the whole dataset did not finish its epoch:\n" + out)
 
     # A bad option: usage and status 2, the option named, before anything else is printed.
     _, err = run(binary, "--epochs", "0", expect=2)
