@@ -796,3 +796,57 @@ TEST_CASE("checkpoints: the run's options are stored beside the state and read b
   CHECK_FALSE(fs::exists(dir / "c.safetensors"));
   fs::remove_all(dir);
 }
+
+// Reference values printed by PyTorch 2.15 (torch.optim.lr_scheduler.OneCycleLR and
+// ReduceLROnPlateau on an SGD optimizer; the script is in the comment of each table).
+TEST_CASE("training: one_cycle_lr and reduce_on_plateau follow PyTorch's schedules") {
+  // OneCycleLR(opt, max_lr=0.1, total_steps=20, pct_start=0.3): the lr of steps 0..19
+  const double one[] = {0.0040000000000000036, 0.013167184270002533, 0.037167184270002526, 0.06683281572999747,
+                        0.09083281572999748,   0.1,                  0.09874640062350874,  0.09504846320134738,
+                        0.089091617757105,     0.0811745653949763,   0.07169430017913009,  0.06112620219362893,
+                        0.0500002,             0.03887419780637107,  0.028306099820869922, 0.0188258346050237,
+                        0.010908782242895003,  0.004951936798652629, 0.0012539993764912555, 4e-07};
+  const locus::optim::one_cycle_lr oc{.total_steps = 20, .pct_start = 0.3};
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    CHECK(oc(i, 0.1) == doctest::Approx(one[i]).epsilon(1e-12));
+  }
+  CHECK(oc(25, 0.1) == doctest::Approx(4e-07));  // past the end: the final lr
+  // OneCycleLR(opt, max_lr=0.1, total_steps=10, pct_start=0.25, div_factor=10, final_div_factor=100)
+  const double two[] = {0.009999999999999995, 0.07749999999999999, 0.0989084726566536,  0.09046039886902862,
+                        0.07502500000000001,  0.0552711967402193,  0.03461460113097138, 0.01662692621237505,
+                        0.004418404390752082, 0.0001};
+  const locus::optim::one_cycle_lr oc2{.total_steps = 10, .pct_start = 0.25, .div_factor = 10, .final_div_factor = 100};
+  for (int i = 0; i < 10; ++i) {
+    CAPTURE(i);
+    CHECK(oc2(i, 0.1) == doctest::Approx(two[i]).epsilon(1e-12));
+  }
+  // ReduceLROnPlateau(opt(lr=1), mode="min", factor=0.5, patience=2, threshold=1e-2, cooldown=1,
+  // min_lr=0.1), stepped with these metrics: the lr after each
+  const double metrics[] = {1.0, 0.9, 0.95, 0.899, 0.91, 0.92, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6};
+  const double after[] = {1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.1};
+  locus::optim::reduce_on_plateau plateau({.factor = 0.5, .patience = 2, .threshold = 1e-2, .cooldown = 1, .min_lr = 0.1});
+  for (int i = 0; i < 18; ++i) {
+    CAPTURE(i);
+    plateau.observe(metrics[i]);
+    CHECK(plateau(0, 1.0) == doctest::Approx(after[i]).epsilon(1e-15));
+  }
+  CHECK_THROWS_AS(locus::optim::reduce_on_plateau({.factor = 1.5}), locus::value_error);
+  CHECK_THROWS_AS(locus::optim::reduce_on_plateau({.patience = -1}), locus::value_error);
+}
+
+TEST_CASE("training: reduce_on_plateau attached by reference drives the trainer's lr") {
+  auto data = synthetic(256, 5);
+  auto model = synthetic_model(2);
+  locus::optim::adamw<locus::cpu> opt(model.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(model, opt, nn::cross_entropy{});
+  locus::optim::reduce_on_plateau plateau({.factor = 0.5, .patience = 0});
+  t.set_schedule(std::ref(plateau));
+  locus::data::loader<locus::cpu> dl(data, {.batch_size = 64});
+  t.train_epoch(dl, {.epoch = 0});
+  CHECK(opt.lr() == doctest::Approx(1e-2));
+  plateau.observe(1.0);  // the first epoch's metric: an improvement on infinity
+  plateau.observe(2.0);  // worse: patience 0, so the lr halves
+  t.train_epoch(dl, {.epoch = 1});
+  CHECK(opt.lr() == doctest::Approx(5e-3));
+}

@@ -622,6 +622,87 @@ struct warmup_lr {
   }
 };
 
+/// One-cycle (torch.optim.lr_scheduler.OneCycleLR with max_lr = the base lr, cosine
+/// annealing, two phases): from base / div_factor up to base over the first
+/// pct_start * total_steps - 1 steps, then down to base / (div_factor * final_div_factor)
+/// at step total_steps - 1; that final lr afterwards.
+struct one_cycle_lr {
+  std::int64_t total_steps = 1;
+  double pct_start = 0.3;
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  double operator()(std::int64_t step, double base) const {
+    const double initial = base / div_factor, final_lr = initial / final_div_factor;
+    const auto anneal = [](double from, double to, double pct) {
+      return to + (from - to) / 2.0 * (std::cos(std::numbers::pi * pct) + 1.0);
+    };
+    if (step >= total_steps - 1) return final_lr;
+    const double up_end = pct_start * static_cast<double>(total_steps) - 1.0;
+    const double s = static_cast<double>(step);
+    if (s <= up_end) return anneal(initial, base, up_end > 0 ? s / up_end : 1.0);
+    const double down_end = static_cast<double>(total_steps - 1);
+    return anneal(base, final_lr, (s - up_end) / (down_end - up_end));
+  }
+};
+
+/// Reduce-on-plateau (torch.optim.lr_scheduler.ReduceLROnPlateau, mode "min", relative
+/// threshold): call observe(metric) once an epoch with the metric to minimise (a test
+/// loss); after more than `patience` epochs without a relative improvement of
+/// `threshold`, the lr is multiplied by `factor` (never below min_lr), then `cooldown`
+/// epochs pass before counting again. It is stateful: attach it by reference,
+/// t.set_schedule(std::ref(plateau)), so the trainer reads the lr it decided. Its state
+/// is not in checkpoints.
+class reduce_on_plateau {
+ public:
+  struct options {
+    double factor = 0.1;
+    int patience = 10;
+    double threshold = 1e-4;
+    int cooldown = 0;
+    double min_lr = 0.0;
+  };
+  reduce_on_plateau() : reduce_on_plateau(options{}) {}
+  explicit reduce_on_plateau(const options& o) : o_(o) {
+    if (!(o.factor > 0.0 && o.factor < 1.0))
+      throw value_error("locus: reduce_on_plateau factor must be in (0, 1), got " + std::to_string(o.factor));
+    if (o.patience < 0 || o.cooldown < 0 || !(o.threshold >= 0.0) || !(o.min_lr >= 0.0))
+      throw value_error("locus: reduce_on_plateau needs patience >= 0, cooldown >= 0, threshold >= 0 and min_lr >= 0");
+  }
+  /// Records one epoch's metric; returns whether the lr was reduced. A NaN metric counts
+  /// as no improvement.
+  bool observe(double metric) {
+    if (metric < best_ * (1.0 - o_.threshold)) {
+      best_ = metric;
+      bad_ = 0;
+    } else {
+      ++bad_;
+    }
+    if (cooling_ > 0) {
+      --cooling_;
+      bad_ = 0;
+    }
+    if (bad_ > o_.patience) {
+      scale_ *= o_.factor;
+      cooling_ = o_.cooldown;
+      bad_ = 0;
+      return true;
+    }
+    return false;
+  }
+  /// The product of the reductions so far.
+  [[nodiscard]] double scale() const noexcept { return scale_; }
+  double operator()(std::int64_t, double base) const {
+    const double lr = base * scale_;
+    return lr > o_.min_lr ? lr : o_.min_lr;
+  }
+
+ private:
+  options o_;
+  double best_ = std::numeric_limits<double>::infinity();
+  double scale_ = 1.0;
+  int bad_ = 0, cooling_ = 0;
+};
+
 /// Any schedule, type-erased.
 using schedule = std::function<double(std::int64_t step, double base_lr)>;
 
