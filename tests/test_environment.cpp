@@ -111,3 +111,28 @@ TEST_CASE("a failing CUDA call throws cuda_error naming the call, file, line and
   }
 }
 #endif
+
+TEST_CASE("environment() reports OpenMP's wait policy and the load, and warns when threads would spin on a busy machine") {
+  auto env = locus::environment();
+  double load[1];
+  if (::getloadavg(load, 1) == 1) CHECK(env.load_average >= 0.0);
+  const char* w = std::getenv("OMP_WAIT_POLICY");
+  CHECK(env.omp_wait_policy == (w ? w : ""));
+#if defined(_OPENMP)
+  CHECK(env.to_string().find("OpenMP waits:") != std::string::npos);
+  // the rule, on report values set by hand
+  env.omp_wait_policy.clear();
+  env.host_threads = 2;
+  env.load_average = 5.0;
+  CHECK(env.spinning_on_busy_machine());
+  CHECK(env.to_string().find("run with OMP_WAIT_POLICY=PASSIVE") != std::string::npos);
+  env.omp_wait_policy = "PASSIVE";
+  CHECK_FALSE(env.spinning_on_busy_machine());
+  CHECK(env.to_string().find("warning:") == std::string::npos);
+  env.omp_wait_policy = "active";
+  env.load_average = 1.5;  // calm: spinning is the faster setting
+  CHECK_FALSE(env.spinning_on_busy_machine());
+  env.load_average = -1.0;  // unknown
+  CHECK_FALSE(env.spinning_on_busy_machine());
+#endif
+}

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -59,6 +60,16 @@ struct environment_report {
   bool pinned_probed = false;       ///< pinned_page_locked was found by an allocation
   bool openmp = false;
   int host_threads = 1;
+  std::string omp_wait_policy;  ///< OMP_WAIT_POLICY as set, or empty when unset
+  double load_average = -1.0;   ///< the 1-minute load average, or -1 when unknown
+
+  /// Whether OpenMP threads will spin while the machine is busy (more runnable
+  /// processes than hardware threads): then libgomp's spinning waits steal the cores
+  /// from the threads doing work, and training runs several times slower.
+  [[nodiscard]] bool spinning_on_busy_machine() const noexcept {
+    const bool passive = omp_wait_policy == "PASSIVE" || omp_wait_policy == "passive";
+    return openmp && !passive && load_average > static_cast<double>(host_threads);
+  }
 
   [[nodiscard]] bool cuda_usable() const noexcept { return device_count > 0; }
   [[nodiscard]] std::string to_string() const;
@@ -194,7 +205,10 @@ inline environment_report environment() {
 #if defined(__unix__) || defined(__APPLE__)
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   r.host_threads = cpus > 0 ? static_cast<int>(cpus) : 1;
+  double load[1];
+  if (::getloadavg(load, 1) == 1) r.load_average = load[0];
 #endif
+  if (const char* w = std::getenv("OMP_WAIT_POLICY")) r.omp_wait_policy = w;
 #if LOCUS_HAS_CUDA
   (void)cudaRuntimeGetVersion(&r.runtime_version);
   (void)cudaDriverGetVersion(&r.driver_version);
@@ -275,6 +289,18 @@ inline std::string environment_report::to_string() const {
   std::string o = "locus " + std::to_string(LOCUS_VERSION_MAJOR) + '.' +
                   std::to_string(LOCUS_VERSION_MINOR) + '.' + std::to_string(LOCUS_VERSION_PATCH) + '\n';
   line(o, "host:            ", std::to_string(host_threads) + " hardware threads, OpenMP " + (openmp ? "on" : "off"));
+  if (openmp) {
+    char load[32] = "unknown";
+    if (load_average >= 0) std::snprintf(load, sizeof load, "%.2f", load_average);
+    line(o, "OpenMP waits:    ",
+         (omp_wait_policy.empty() ? std::string("OMP_WAIT_POLICY unset (libgomp spins, then sleeps)")
+                                  : "OMP_WAIT_POLICY=" + omp_wait_policy) +
+             ", load average " + load);
+    if (spinning_on_busy_machine())
+      line(o, "warning:         ",
+           "the machine is busy and OpenMP threads spin while they wait, which slows training several "
+           "times; run with OMP_WAIT_POLICY=PASSIVE (scripts/run-main sets it)");
+  }
   line(o, "CUDA compiled:   ", cuda_compiled ? "yes" : "no");
   if (cuda_compiled) {
     line(o, "CUDA runtime:    ", detail::version_string(runtime_version));
