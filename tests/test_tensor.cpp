@@ -69,6 +69,48 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
   CHECK(c.v[3] == 0x24126ea1u);
 }
 
+#if __has_include(<Random123/philox.h>)
+#include <Random123/philox.h>
+#undef philox4x32  // Random123's function-like macro of that name would swallow locus's calls
+#undef philox4x64
+#define LOCUS_TEST_HAS_RANDOM123 1
+#else
+#define LOCUS_TEST_HAS_RANDOM123 0
+#endif
+
+// Random123 (librandom123-dev) is Philox's reference implementation: locus's own copy must
+// give its outputs for the same key and counter on a spread of (seed, index, stream),
+// extremes included. Skipped, visibly, where the package is not installed.
+TEST_CASE("Philox4x32-10 equals Random123's r123::Philox4x32 on a million counters" *
+          doctest::skip(!LOCUS_TEST_HAS_RANDOM123)) {
+#if LOCUS_TEST_HAS_RANDOM123
+  r123::Philox4x32 reference;
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto next = [&] {  // splitmix64
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  int wrong = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    std::uint64_t seed = next(), counter = next(), stream = next();
+    if (i < 1000) {  // small and extreme values, as the library uses them
+      seed = static_cast<std::uint64_t>(i % 7);
+      counter = static_cast<std::uint64_t>(i);
+      stream = i % 3 == 2 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(i % 3);
+    }
+    const auto got = locus::detail::philox4x32(seed, counter, stream);
+    const r123::Philox4x32::ctr_type c = {{static_cast<std::uint32_t>(counter), static_cast<std::uint32_t>(counter >> 32),
+                                           static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)}};
+    const r123::Philox4x32::key_type k = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+    const auto want = reference(c, k);
+    for (int w = 0; w < 4; ++w) wrong += got.v[w] != want.v[w];
+  }
+  CHECK(wrong == 0);
+#endif
+}
+
 #include "generic/expr_cases.hpp"
 
 TEST_CASE("cast f32 <-> bf16/f16 of a whole host tensor equals the scalar conversions") {

@@ -850,3 +850,19 @@ TEST_CASE("training: reduce_on_plateau attached by reference drives the trainer'
   t.train_epoch(dl, {.epoch = 1});
   CHECK(opt.lr() == doctest::Approx(5e-3));
 }
+
+TEST_CASE("sequential::summary lists each layer, its output shape and parameters, and the total") {
+  nn::sequential m(nn::linear<locus::cpu, P32>(784, 512), nn::relu<locus::cpu, P32>(), nn::dropout<locus::cpu, P32>(0.25f),
+                   nn::linear<locus::cpu, P32>(512, 10, nn::bias::without));
+  const std::string s = m.summary(128, 784);
+  CHECK(s.find("linear(784, 512)") != std::string::npos);
+  CHECK(s.find("[128, 512]") != std::string::npos);
+  CHECK(s.find("401920") != std::string::npos);  // 784 * 512 + 512
+  CHECK(s.find("dropout(0.25)") != std::string::npos);
+  CHECK(s.find("linear(512, 10, bias::without)") != std::string::npos);
+  CHECK(s.find("[128, 10]") != std::string::npos);
+  CHECK(s.find("total: 407040 parameters") != std::string::npos);  // 401920 + 5120
+  CHECK(static_cast<std::int64_t>(m.parameters().size()) >= 407040);
+  CHECK_THROWS_WITH_AS((void)m.summary(1, 100), "locus: linear(784, 512) takes 784 features, but its input has 100",
+                       locus::shape_error);
+}

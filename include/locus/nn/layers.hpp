@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -117,6 +118,17 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
   [[nodiscard]] index_t in_features() const noexcept { return in_; }
   [[nodiscard]] index_t out_features() const noexcept { return out_; }
   [[nodiscard]] bool has_bias() const noexcept { return bias_; }
+  /// For sequential::summary: the layer as written, its output width and parameters.
+  [[nodiscard]] std::string describe() const {
+    return "linear(" + std::to_string(in_) + ", " + std::to_string(out_) + (bias_ ? ")" : ", bias::without)");
+  }
+  [[nodiscard]] index_t output_features(index_t in) const {
+    if (in != in_)
+      throw shape_error("locus: " + describe() + " takes " + std::to_string(in_) + " features, but its input has " +
+                        std::to_string(in));
+    return out_;
+  }
+  [[nodiscard]] index_t parameter_count() const noexcept { return out_ * in_ + (bias_ ? out_ : 0); }
 
   void declare(parameter_store<D, policy>& s, const std::string& prefix) {
     w_ = s.add(prefix + "weight", {out_, in_});
@@ -234,6 +246,20 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
   static constexpr bool is_activation = true;
   static constexpr act_kind kind = Kind;
 
+  [[nodiscard]] std::string describe() const {
+    switch (Kind) {
+      case act_kind::relu: return "relu";
+      case act_kind::gelu: return "gelu";
+      case act_kind::gelu_tanh: return "gelu_tanh";
+      case act_kind::tanh: return "tanh";
+      case act_kind::sigmoid: return "sigmoid";
+      case act_kind::none: break;
+    }
+    return "identity";
+  }
+  [[nodiscard]] index_t output_features(index_t in) const noexcept { return in; }
+  [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
+
   void declare(parameter_store<D, policy>&, const std::string&) {}
   void bind(parameter_store<D, policy>&) {}
   void reset_parameters(std::uint64_t) {}
@@ -312,6 +338,13 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   void reset_parameters(std::uint64_t) {}
 
   [[nodiscard]] float p() const noexcept { return p_; }
+  [[nodiscard]] std::string describe() const {
+    char b[48];
+    std::snprintf(b, sizeof b, "dropout(%g)", static_cast<double>(p_));
+    return b;
+  }
+  [[nodiscard]] index_t output_features(index_t in) const noexcept { return in; }
+  [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
   /// Training forwards run so far: the RNG state (saved in checkpoints).
   [[nodiscard]] std::uint64_t counter() const noexcept { return counter_; }
   void set_counter(std::uint64_t c) noexcept { counter_ = c; }
@@ -446,6 +479,31 @@ class sequential {
 
   store_type& parameters() noexcept { return store_; }
   const store_type& parameters() const noexcept { return store_; }
+
+  /// A table of the layers for an input of [batch, features]: each layer as written, its
+  /// output shape and parameter count, then the total and the bytes of master weights.
+  /// An input width that the first layer does not take is a shape_error naming the layer.
+  [[nodiscard]] std::string summary(index_t batch, index_t features) const {
+    std::string out = "  #  layer                         output             parameters\n";
+    index_t width = features, total = 0;
+    std::size_t i = 0;
+    char line[160];
+    const auto row = [&](const auto& l) {
+      width = l.output_features(width);
+      const std::string shape = "[" + std::to_string(batch) + ", " + std::to_string(width) + "]";
+      std::snprintf(line, sizeof line, "%3zu  %-28s  %-17s  %12lld\n", i++, l.describe().c_str(), shape.c_str(),
+                    static_cast<long long>(l.parameter_count()));
+      out += line;
+      total += l.parameter_count();
+    };
+    std::apply([&](const auto&... l) { (row(l), ...); }, layers_);
+    std::snprintf(line, sizeof line, "     total: %lld parameters, %s of %s master weights on %s\n",
+                  static_cast<long long>(total),
+                  out_of_memory::format_bytes(static_cast<std::size_t>(total) * sizeof(M)).c_str(),
+                  sizeof(M) == 8 ? "f64" : "f32", std::string(device::name).c_str());
+    out += line;
+    return out;
+  }
 
   /// The training forward (saves what backward needs; x must stay alive until then).
   view forward(const view& x) { return forward_from<0>(x); }
