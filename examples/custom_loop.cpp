@@ -43,7 +43,10 @@ int main(int argc, char** argv) {
   const auto choice = argc > 1 ? locus::parse_device_choice(argv[1]) : locus::device_choice::automatic;
   return locus::with_device(choice, [](auto device) -> int {
     using D = decltype(device);
-    using P = locus::amp::fp32;  // bf16_mixed also works here; fp16_mixed wants a grad scaler
+    // fp32: the model's forward takes its compute dtype, so bf16_mixed would need the inputs
+    // cast to bf16 first (locus::cast<locus::bf16>; the trainer does that itself), and
+    // fp16_mixed a grad scaler.
+    using P = locus::amp::fp32;
     std::printf("custom_loop on %s\n", std::string(D::name).c_str());
 
     auto [x_train, y_train] = make_data<D>(8192, /*seed=*/1);
