@@ -36,6 +36,30 @@ void with_shape(T* base, const parameter_info& e, F&& f) {
   else
     f(tensor_view<T, D, 1>(::locus::detail::raw_view_key{}, base + e.offset, extents<1>{e.numel}));
 }
+/// Every difference between the store's parameters and the archive's weights, one line
+/// each ("\n  name: model [..], <what> [..]" or "... has no such ..."), empty when they
+/// match; `what` names the file in the lines ("checkpoint", "file"). Optimizer and
+/// scaler state ("optimizer.*", "scaler.*") is not a weight.
+template <Device AD, class Store>
+std::string weight_mismatches(const io::archive<AD>& a, const Store& store, const std::string& what) {
+  std::string out;
+  for (const auto& e : store.entries()) {
+    if (!a.contains(e.name)) {
+      out += "\n  " + e.name + ": model " + e.shape_string() + ", " + what + " has no such tensor";
+      continue;
+    }
+    const io::tensor_info& f = a.info(e.name);
+    if (f.shape != e.shape) out += "\n  " + e.name + ": model " + e.shape_string() + ", " + what + " " + f.shape_string();
+  }
+  for (const auto& [name, f] : a.entries()) {
+    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
+    bool known = false;
+    for (const auto& e : store.entries()) known = known || e.name == name;
+    if (!known)
+      out += "\n  " + io::detail::printable(name) + ": " + what + " " + f.shape_string() + ", model has no such parameter";
+  }
+  return out;
+}
 }  // namespace detail
 
 /// Writes the model's weights to `path` (atomically: a temporary file, fsync, rename).
@@ -67,22 +91,7 @@ void load(const std::filesystem::path& path, Model& model) {
   using M = typename P::master;
   const auto a = io::load<D>(path);
   auto& store = model.parameters();
-  std::string mismatches;
-  for (const auto& e : store.entries()) {
-    if (!a.contains(e.name)) {
-      mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", file has no such tensor";
-      continue;
-    }
-    const io::tensor_info& f = a.info(e.name);
-    if (f.shape != e.shape) mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", file " + f.shape_string();
-  }
-  for (const auto& [name, f] : a.entries()) {
-    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;  // a training checkpoint's
-    bool known = false;
-    for (const auto& e : store.entries()) known = known || e.name == name;
-    if (!known)
-      mismatches += "\n  " + io::detail::printable(name) + ": file " + f.shape_string() + ", model has no such parameter";
-  }
+  const std::string mismatches = detail::weight_mismatches(a, store, "file");
   if (!mismatches.empty())
     throw shape_error("locus: '" + a.path() + "' holds the weights of a model of another shape:" + mismatches);
   for (const auto& e : store.entries()) {

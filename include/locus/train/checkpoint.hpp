@@ -40,17 +40,13 @@
 #include <vector>
 
 #include "../io/safetensors.hpp"
+#include "../nn/serialize.hpp"
 #include "trainer.hpp"
 
 namespace locus::train {
 
 namespace detail {
-/// A flat device range reshaped to a parameter's shape (rank 1 or 2), given to f.
-template <class T, class D, class F>
-void with_param_shape(T* base, const nn::parameter_info& e, F&& f) {
-  if (e.shape.size() == 2) f(tensor_view<T, D, 2>(::locus::detail::raw_view_key{}, base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
-  else f(tensor_view<T, D, 1>(::locus::detail::raw_view_key{}, base + e.offset, extents<1>{e.numel}));
-}
+using nn::detail::with_shape;
 
 /// A double as text that reads back to the same double.
 inline std::string exact(double v) {
@@ -174,11 +170,11 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
   io::writer w;
   const auto& entries = store.entries();
   for (std::size_t i = 0; i < entries.size(); ++i)
-    detail::with_param_shape<typename P::master, D>(store.master().data_handle(), entries[i],
+    detail::with_shape<typename P::master, D>(store.master().data_handle(), entries[i],
                                                     [&](const auto& v) { w.add(entries[i].name, v); });
   t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1> flat) {
     for (const auto& e : entries)
-      detail::with_param_shape<float, D>(flat.data_handle(), e, [&](const auto& v) {
+      detail::with_shape<float, D>(flat.data_handle(), e, [&](const auto& v) {
         w.add(std::string("optimizer.") + name + "." + e.name, v);
       });
   });
@@ -284,23 +280,7 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
   const auto& entries = store.entries();
 
   // Every difference first, then one error that lists them all.
-  std::string mismatches;
-  for (const auto& e : entries) {
-    if (!a.contains(e.name)) {
-      mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", checkpoint has no such tensor";
-      continue;
-    }
-    const io::tensor_info& f = a.info(e.name);
-    if (f.shape != e.shape) mismatches += "\n  " + e.name + ": model " + e.shape_string() + ", checkpoint " + f.shape_string();
-  }
-  for (const auto& [name, f] : a.entries()) {
-    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
-    bool known = false;
-    for (const auto& e : entries) known = known || e.name == name;
-    if (!known)
-      mismatches += "\n  " + io::detail::printable(name) + ": checkpoint " + f.shape_string() +
-                    ", model has no such parameter";
-  }
+  const std::string mismatches = nn::detail::weight_mismatches(a, store, "checkpoint");
   if (!mismatches.empty())
     throw shape_error("locus: checkpoint '" + a.path() + "' was saved from a model of another shape:" + mismatches);
 
