@@ -243,20 +243,19 @@ int run(const config& c) {
         if (c.checkpoint_dir.empty()) usage("--resume without a file needs --checkpoint-dir");
         file = (std::filesystem::path(c.checkpoint_dir) / "last.safetensors").string();
       }
-      {
-        // The run's options that shape training must be the first run's: the cosine
-        // schedule spans --epochs steps of --batch-size x --accumulate, and the
-        // checkpoint's learning rate and seed win over new ones.
-        const auto saved = locus::train::run_options(locus::io::load<locus::cpu>(file));
-        std::string diff;
-        for (const auto& [k, v] : run_info)
-          if (const auto it = saved.find(k); it != saved.end() && it->second != v)
-            diff += " --" + k + " " + it->second + " (this run: " + v + ")";
-        if (!diff.empty())
-          usage("--resume: " + file + " was written by a run with" + diff +
-                "; resume with the first run's options, or start a new run without --resume");
-      }
-      first_epoch = locus::train::resume(file, t);
+      // Read once, onto the model's device. The run's options that shape training must be
+      // the first run's: the cosine schedule spans --epochs steps of --batch-size x
+      // --accumulate, and the checkpoint's learning rate and seed win over new ones.
+      const auto archive = locus::io::load<D>(file);
+      const auto saved = locus::train::run_options(archive);
+      std::string diff;
+      for (const auto& [k, v] : run_info)
+        if (const auto it = saved.find(k); it != saved.end() && it->second != v)
+          diff += " --" + k + " " + it->second + " (this run: " + v + ")";
+      if (!diff.empty())
+        usage("--resume: " + file + " was written by a run with" + diff +
+              "; resume with the first run's options, or start a new run without --resume");
+      first_epoch = locus::train::load_checkpoint(archive, t);
       std::printf("resumed from %s after epoch %lld\n", file.c_str(), static_cast<long long>(first_epoch));
     }
 
