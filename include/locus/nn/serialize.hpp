@@ -79,13 +79,10 @@ void save(const std::filesystem::path& path, const Model& model) {
   w.save(path);
 }
 
-/// Reads weights saved by nn::save or train::save_checkpoint into the model, onto its
-/// device. Throws shape_error (another model) or io_error (dtype, corrupt file); a failed
-/// load leaves the model as it was.
+namespace detail {
+/// nn::load's work, for a non-const model.
 template <class Model>
-void load(const std::filesystem::path& path, Model& model) {
-  static_assert(!std::is_const_v<Model>,
-                "locus: nn::load writes the weights into the model, but this one is const; pass a non-const model");
+void load_into(const std::filesystem::path& path, Model& model) {
   using D = typename Model::device;
   using P = typename Model::policy;
   using M = typename P::master;
@@ -104,6 +101,17 @@ void load(const std::filesystem::path& path, Model& model) {
   for (std::size_t i = 0; i < store.entries().size(); ++i)
     copy(a.template flat<M>(store.entries()[i].name), store.master_flat(i));
   store.sync_compute();
+}
+}  // namespace detail
+
+/// Reads weights saved by nn::save or train::save_checkpoint into the model, onto its
+/// device. Throws shape_error (another model) or io_error (dtype, corrupt file); a failed
+/// load leaves the model as it was.
+template <class Model>
+void load(const std::filesystem::path& path, Model& model) {
+  static_assert(!std::is_const_v<Model>,
+                "locus: nn::load writes the weights into the model, but this one is const; pass a non-const model");
+  if constexpr (!std::is_const_v<Model>) detail::load_into(path, model);
 }
 
 }  // namespace locus::nn
