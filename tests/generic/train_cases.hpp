@@ -269,6 +269,91 @@ TEST_CASE_TEMPLATE("training: N micro-batches of B accumulate to the update of o
   CHECK(worst <= 2e-6);
 }
 
+TEST_CASE_TEMPLATE("parameters: discard_grad defers the zeros: a backward stores (not adds) its gradient, a second adds, "
+                   "and a read zeroes what no backward wrote",
+                   D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  auto make = [] {
+    nn::sequential m(nn::linear<D, P>(12, 16), nn::relu<D, P>(), nn::linear<D, P>(16, 4));
+    m.reset_parameters(3);
+    return m;
+  };
+  const auto x = locus::randn<float, D>({8, 12}, 11);
+  const auto x2 = locus::randn<float, D>({8, 12}, 21);
+  const auto gy = locus::randn<float, D>({8, 4}, 12);
+  const auto gy2 = locus::randn<float, D>({8, 4}, 22);
+  auto a = make();
+  auto b = make();
+  // b's gradient bytes are NaN before the discard: a backward that added to them, or a
+  // check that read them, would show it.
+  const index_t n = b.parameters().size();
+  {
+    auto h = locus::zeros<float, locus::cpu>({n});
+    for (index_t i = 0; i < n; ++i) h(i) = std::numeric_limits<float>::quiet_NaN();
+    locus::copy(h, b.parameters().grad());
+  }
+  a.parameters().zero_grad();
+  b.parameters().discard_grad();
+  for (auto* m : {&a, &b}) {
+    m->forward(x.view());
+    m->backward(gy.view());
+  }
+  const auto ga = locus_train_test::host_values(std::as_const(a.parameters()).grad());
+  const auto gb = locus_train_test::host_values(std::as_const(b.parameters()).grad());
+  REQUIRE(ga.size() == gb.size());
+  // the parameters' elements (the alignment padding between them is no gradient: b's
+  // holds the NaN this test wrote there, which no backward touches)
+  std::vector<std::size_t> elems;
+  for (const auto& e : a.parameters().entries())
+    for (index_t i = e.offset; i < e.offset + e.numel; ++i) elems.push_back(static_cast<std::size_t>(i));
+  bool same = true, nonzero = false;
+  for (const std::size_t i : elems) {
+    same = same && ga[i] == gb[i];  // NaN != NaN: a leftover byte fails here
+    nonzero = nonzero || ga[i] != 0.0;
+  }
+  CHECK(same);
+  CHECK(nonzero);
+  // a second backward accumulates on both (gradient accumulation over micro-batches)
+  for (auto* m : {&a, &b}) {
+    m->forward(x2.view());
+    m->backward(gy2.view());
+  }
+  const auto ga2 = locus_train_test::host_values(std::as_const(a.parameters()).grad());
+  const auto gb2 = locus_train_test::host_values(std::as_const(b.parameters()).grad());
+  bool same2 = true, moved = false;
+  for (const std::size_t i : elems) {
+    same2 = same2 && ga2[i] == gb2[i];
+    moved = moved || ga2[i] != ga[i];
+  }
+  CHECK(same2);
+  CHECK(moved);
+
+  // No backward after the discard: every read path sees zeros, the const one included.
+  auto& s = b.parameters();
+  s.discard_grad();
+  const auto g_const = locus_train_test::host_values(std::as_const(s).grad());
+  CHECK(std::all_of(g_const.begin(), g_const.end(), [](double v) { return v == 0.0; }));
+  // One parameter's view zeroes that parameter alone; the rest stays deferred and
+  // settle_grad() then writes it (the other bytes were NaN again meanwhile).
+  {
+    auto h = locus::zeros<float, locus::cpu>({n});
+    for (index_t i = 0; i < n; ++i) h(i) = std::numeric_limits<float>::quiet_NaN();
+    locus::copy(h, s.grad());
+  }
+  const float* base = s.grad().data_handle();  // taken before the discard, as an optimizer does
+  s.discard_grad();
+  const auto g0 = locus_train_test::host_values(s.template grad<2>(0));
+  CHECK(std::all_of(g0.begin(), g0.end(), [](double v) { return v == 0.0; }));
+  s.settle_grad();
+  // read through the pointer taken before (no accessor that would settle on its own)
+  const auto raw = locus_train_test::host_values(locus::unsafe_view<D>(base, locus::extents<1>{n}));
+  std::size_t bad = 0;
+  for (const auto& e : s.entries())
+    for (index_t i = e.offset; i < e.offset + e.numel; ++i) bad += raw[static_cast<std::size_t>(i)] != 0.0;
+  CHECK(bad == 0);
+}
+
 TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step then backs off and grows", D,
                    LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp16_mixed;

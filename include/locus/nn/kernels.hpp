@@ -198,6 +198,7 @@ struct bias_act_grad_kernel {
   act_kind kind;
   C* partial = nullptr;  // [splits, cols] (cuda, split rows)
   column_tiles plan{};
+  bool overwrite = false;  // db = the sum (the store discarded it), not db += the sum
 
   /// dz of element k (written when there is an activation) and what the sum adds.
   LOCUS_HOST_DEVICE C element(index_t k) const {
@@ -214,7 +215,7 @@ struct bias_act_grad_kernel {
     return acc;
   }
   LOCUS_HOST_DEVICE void finish(index_t j, C v) const {
-    if (db) db[j] = static_cast<M>(static_cast<C>(db[j]) + v);
+    if (db) db[j] = static_cast<M>((overwrite ? C(0) : static_cast<C>(db[j])) + v);
   }
   LOCUS_HOST_DEVICE void block_result(index_t j, index_t split, C v) const {
     if (plan.splits > 1) partial[split * cols + j] = v;
@@ -742,8 +743,15 @@ struct scaler_update_kernel {
 struct update_scalars {
   int skip;
   int first;           // the first step taken (momentum buffers start from it)
-  float bias1, bias2;  // 1 - beta^t
+  float bias1;         // 1 - beta1^t
+  float rsqrt_bias2;   // 1 / sqrt(1 - beta2^t), rounded once from double
 };
+
+/// 1 / sqrt(1 - beta2^t) in double, rounded to f32: what AdamW's denominator scales
+/// sqrt(v) by (one multiplication per element instead of a division inside the root).
+LOCUS_HOST_DEVICE inline float adam_rsqrt_bias2(double beta2, double t) {
+  return static_cast<float>(1.0 / ::sqrt(1.0 - ::pow(beta2, t)));
+}
 
 /// One thread: skip or count the step, and AdamW's bias corrections for it.
 struct update_begin_kernel {
@@ -762,7 +770,7 @@ struct update_begin_kernel {
     out->first = *steps == 1 ? 1 : 0;
     const double t = static_cast<double>(*steps);
     out->bias1 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta1), t));
-    out->bias2 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta2), t));
+    out->rsqrt_bias2 = adam_rsqrt_bias2(static_cast<double>(beta2), t);
   }
 };
 
@@ -777,18 +785,23 @@ struct adamw_kernel {
   C* pc;  // compute copy (nullptr when the compute dtype is f32)
   const update_scalars* sc;
   float lr, beta1, beta2, eps, weight_decay;
-  /// The update of one element: new p, m and v from p, g, m, v.
+  /// The update of one element: new p, m and v from p, g, m, v. PyTorch's form of the
+  /// bias correction (step lr / bias1, denominator sqrt(v) / sqrt(bias2) + eps) with the
+  /// second factor precomputed as a reciprocal: one square root and one division per
+  /// element, which bound the host loop's speed (they, not the memory traffic, are its
+  /// cost when the optimizer state sits in the last-level cache).
   LOCUS_HOST_DEVICE static float update(float pi, float gi, float& mi, float& vi, float lr, float b1, float b2,
-                                        float eps, float wd, float bias1, float bias2) {
+                                        float eps, float wd, float bias1, float rsqrt_bias2) {
+    const float step = lr / bias1;
     pi -= lr * wd * pi;
     mi = b1 * mi + (1.0f - b1) * gi;
     vi = b2 * vi + (1.0f - b2) * gi * gi;
-    return pi - lr * (mi / bias1) / (m_sqrt(vi / bias2) + eps);
+    return pi - step * mi / (m_sqrt(vi) * rsqrt_bias2 + eps);
   }
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     if (sc->skip) return;
     float mi = m[i], vi = v[i];
-    const float pi = update(p[i], g[i], mi, vi, lr, beta1, beta2, eps, weight_decay, sc->bias1, sc->bias2);
+    const float pi = update(p[i], g[i], mi, vi, lr, beta1, beta2, eps, weight_decay, sc->bias1, sc->rsqrt_bias2);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -806,8 +819,9 @@ inline namespace LOCUS_SIMD_NAMESPACE {
 template <class C>
 void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
                   float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
-                  float eps, float wd, float bias1, float bias2) {
+                  float eps, float wd, float bias1, float rsqrt_bias2) {
   constexpr index_t w = simd::width;
+  const float step = lr / bias1;  // the scalar update's first line, once
   const index_t chunks = n / w;
   [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
 #if defined(_OPENMP)
@@ -821,7 +835,7 @@ void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, flo
     pi -= lr * wd * pi;
     mi = b1 * mi + (1.0f - b1) * gi;
     vi = b2 * vi + (1.0f - b2) * gi * gi;
-    pi = pi - lr * (mi / bias1) / (simd::sqrt(vi / bias2) + eps);
+    pi = pi - step * mi / (simd::sqrt(vi) * rsqrt_bias2 + eps);
     simd::store(m + i, mi);
     simd::store(v + i, vi);
     simd::store(p + i, pi);
@@ -834,7 +848,7 @@ void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, flo
   for (index_t i = chunks * w; i < n; ++i) {
     const float gi = scaled ? g[i] * inv : g[i];
     float mi = m[i], vi = v[i];
-    const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, bias2);
+    const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -850,7 +864,7 @@ template <class C>
 void adamw_host(const adamw_kernel<C>& k, index_t n) {
   if (k.sc->skip) return;
   adamw_host_n<C>(n, k.p, k.g, k.m, k.v, k.pc, 1.0f, false, k.lr, k.beta1, k.beta2, k.eps, k.weight_decay,
-                  k.sc->bias1, k.sc->bias2);
+                  k.sc->bias1, k.sc->rsqrt_bias2);
 }
 
 /// SGD with momentum (PyTorch's formulation: buf = mu buf + g (+ dampening), Nesterov

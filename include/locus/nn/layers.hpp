@@ -181,13 +181,24 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
     if (need_dz) detail::ensure_shape(dz_, gy.shape());
     if (need_dz || bias_) {
       const bool uses_z = act_ == detail::act_kind::gelu || act_ == detail::act_kind::gelu_tanh;
-      locus::detail::run_bias_act_grad<D>(locus::detail::bias_act_grad_kernel<C, M>{
-          gy.data_handle(), uses_z ? z_.data_handle() : nullptr, uses_z ? nullptr : y_.data_handle(),
-          need_dz ? dz_.data_handle() : nullptr, bias_ ? store_->grad_flat(b_).data_handle() : nullptr, n,
-          out_, act_});
+      M* db = nullptr;
+      bool db_overwrite = false;
+      if (bias_) {
+        auto [g, fresh] = store_->grad_flat_out(b_);
+        db = g.data_handle();
+        db_overwrite = fresh;
+      }
+      locus::detail::bias_act_grad_kernel<C, M> k{gy.data_handle(), uses_z ? z_.data_handle() : nullptr,
+                                                  uses_z ? nullptr : y_.data_handle(),
+                                                  need_dz ? dz_.data_handle() : nullptr, db, n, out_, act_};
+      k.overwrite = db_overwrite;
+      locus::detail::run_bias_act_grad<D>(k);
     }
     if (need_dz) dz = std::as_const(dz_).view();
-    matmul_into(store_->template grad<2>(w_), transpose(dz), x_, locus::accumulate);
+    // dL/dw: stored when the store discarded the old gradient, added otherwise
+    // (gradient accumulation over micro-batches).
+    if (auto [gw, fresh] = store_->template grad_out<2>(w_); fresh) matmul_into(gw, transpose(dz), x_);
+    else matmul_into(gw, transpose(dz), x_, locus::accumulate);
     if (!need_input_grad) return {};
     detail::ensure_shape(gx_, x_.shape());
     matmul_into(gx_, dz, weight());

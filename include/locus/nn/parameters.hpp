@@ -1,7 +1,8 @@
 // parameter_store<D, Policy>: every parameter of a model in three flat buffers on D,
 // master weights (Policy::master), gradients (master dtype) and, for mixed policies, the
 // compute copy (Policy::compute). Layers hold views into them. One flat buffer makes
-// the whole-model passes single kernels: zero_grad is one memset, the non-finite check
+// the whole-model passes single kernels: zero_grad is one memset (or none: discard_grad
+// defers it, and the next backward overwrites each gradient), the non-finite check
 // of the grad scaler is one pass, the optimizer update (and the cast of master weights
 // to the compute dtype) is one fused pass over every parameter: a multi-tensor update
 // without a list of tensors.
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../amp/policy.hpp"
@@ -91,8 +93,15 @@ class parameter_store {
 
   [[nodiscard]] tensor_view<master_type, D, 1> master() noexcept { return master_.view(); }
   [[nodiscard]] tensor_view<const master_type, D, 1> master() const noexcept { return master_.view(); }
-  [[nodiscard]] tensor_view<master_type, D, 1> grad() noexcept { return grad_.view(); }
-  [[nodiscard]] tensor_view<const master_type, D, 1> grad() const noexcept { return grad_.view(); }
+  /// Every gradient as one flat buffer (what discard_grad deferred is zeroed first).
+  [[nodiscard]] tensor_view<master_type, D, 1> grad() {
+    settle_grad();
+    return grad_.view();
+  }
+  [[nodiscard]] tensor_view<const master_type, D, 1> grad() const {
+    settle_grad();
+    return grad_.view();
+  }
   /// The compute copy as a flat buffer (the master buffer when they share a dtype).
   [[nodiscard]] compute_type* compute_data() noexcept {
     if constexpr (separate_compute) return compute_.data_handle();
@@ -106,7 +115,8 @@ class parameter_store {
     return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
   }
   template <std::size_t R>
-  [[nodiscard]] tensor_view<master_type, D, R> grad(std::size_t i) noexcept {
+  [[nodiscard]] tensor_view<master_type, D, R> grad(std::size_t i) {
+    settle_grad(i);
     return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i)};
   }
   template <std::size_t R>
@@ -123,8 +133,22 @@ class parameter_store {
   [[nodiscard]] tensor_view<const master_type, D, 1> master_flat(std::size_t i) const noexcept {
     return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
-  [[nodiscard]] tensor_view<master_type, D, 1> grad_flat(std::size_t i) noexcept {
+  [[nodiscard]] tensor_view<master_type, D, 1> grad_flat(std::size_t i) {
+    settle_grad(i);
     return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+  }
+
+  /// For a backward that writes parameter i's whole gradient: the gradient, and true
+  /// when discard_grad left it unwritten (then the backward stores dL/dw instead of
+  /// adding it: the GEMM's beta = 0, no memset before it and no read of the old values).
+  /// Either way the parameter counts as written afterwards.
+  template <std::size_t R>
+  [[nodiscard]] std::pair<tensor_view<master_type, D, R>, bool> grad_out(std::size_t i) noexcept {
+    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i)}, take(i)};
+  }
+  [[nodiscard]] std::pair<tensor_view<master_type, D, 1>, bool> grad_flat_out(std::size_t i) noexcept {
+    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}},
+            take(i)};
   }
 
   /// The compute copy from the master weights (one pass; nothing for fp32 and fp64).
@@ -135,7 +159,47 @@ class parameter_store {
   }
 
   /// Sets every gradient to zero (one memset).
-  void zero_grad() { detail::zero_bytes<D>(grad_.data_handle(), grad_.size_bytes()); }
+  void zero_grad() {
+    detail::zero_bytes<D>(grad_.data_handle(), grad_.size_bytes());
+    discarded_.assign(entries_.size(), 0);
+    any_discarded_ = false;
+  }
+
+  /// zero_grad without the memset: every gradient counts as zero but keeps its bytes;
+  /// the next backward overwrites each one (grad_out), and any read of a gradient
+  /// before that (grad(), grad<R>(i), grad_flat(i), settle_grad()) zeroes it first.
+  /// What the trainer does between steps on host devices, where the memset and the
+  /// GEMMs' read of the old gradient are memory traffic the step pays for. Code that
+  /// reads the flat buffer through a pointer taken earlier (an optimizer's step) must
+  /// call settle_grad() first when a parameter might have had no backward.
+  void discard_grad() {
+    discarded_.assign(entries_.size(), 1);
+    any_discarded_ = !entries_.empty();
+  }
+  /// Writes the zeros that discard_grad deferred, for the parameters no backward has
+  /// written since (none left after a full backward: then it costs a flag test).
+  void settle_grad() const {
+    if (!any_discarded_) return;
+    for (std::size_t i = 0; i < entries_.size(); ++i) settle_grad(i);
+    any_discarded_ = false;
+  }
+
+ private:
+  bool take(std::size_t i) noexcept {
+    if (!any_discarded_ || !discarded_[i]) return false;
+    discarded_[i] = 0;
+    return true;
+  }
+  void settle_grad(std::size_t i) const {
+    if (!any_discarded_ || !discarded_[i]) return;
+    // through the alignment padding after it too: the same bytes as zero_grad
+    const index_t end = i + 1 < entries_.size() ? entries_[i + 1].offset : size_;
+    detail::zero_bytes<D>(const_cast<master_type*>(grad_.data_handle()) + entries_[i].offset,
+                          static_cast<std::size_t>(end - entries_[i].offset) * sizeof(master_type));
+    discarded_[i] = 0;
+  }
+
+ public:
 
  private:
   template <std::size_t R>
@@ -148,6 +212,10 @@ class parameter_store {
   std::vector<parameter_info> entries_;
   index_t size_ = 0;
   bool allocated_ = false;
+  // discard_grad's deferred zeros: which parameters' gradients count as zero but were
+  // not written (mutable: a const read of the gradients writes them first).
+  mutable std::vector<unsigned char> discarded_;
+  mutable bool any_discarded_ = false;
   tensor<master_type, D, 1> master_, grad_;
   tensor<compute_type, D, 1> compute_;
   tensor<index_t, D, 1> offsets_;

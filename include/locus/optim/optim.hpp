@@ -75,7 +75,7 @@ void with_compute(compute_kind k, F&& f) {
 }
 /// The device scalars of a fused step, in the optimizer's scalars buffer.
 struct fused_scalars {
-  update_scalars u;          // skip, first, bias1, bias2 (what the classic kernels read)
+  update_scalars u;          // skip, first, bias1, rsqrt_bias2 (what the classic kernels read)
   float inv_scale;           // the update multiplies g by it (1 / scale; 1 without a scaler)
   float unused;
   unsigned int tickets[2];   // launch_n_then's counters: check pass, update pass
@@ -175,7 +175,7 @@ struct check_pass {
     *steps = t;
     fs->u.first = t == 1 ? 1 : 0;
     fs->u.bias1 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta1), static_cast<double>(t)));
-    fs->u.bias2 = static_cast<float>(1.0 - ::pow(static_cast<double>(beta2), static_cast<double>(t)));
+    fs->u.rsqrt_bias2 = locus::detail::adam_rsqrt_bias2(static_cast<double>(beta2), static_cast<double>(t));
   }
 };
 
@@ -233,7 +233,7 @@ struct adamw_elem {
     const float l = vars ? vars->lr : lr;
     float mi = m[i], vi = v[i];
     const float pi =
-        locus::detail::adamw_kernel<C>::update(p[i], gi, mi, vi, l, beta1, beta2, eps, weight_decay, sc.bias1, sc.bias2);
+        locus::detail::adamw_kernel<C>::update(p[i], gi, mi, vi, l, beta1, beta2, eps, weight_decay, sc.bias1, sc.rsqrt_bias2);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -241,7 +241,7 @@ struct adamw_elem {
   }
   void host(index_t n, const float* gs, float inv, bool scaled, const update_scalars& sc) const {
     locus::detail::adamw_host_n<C>(n, p, gs, m, v, pc, inv, scaled, vars ? vars->lr : lr, beta1, beta2, eps,
-                                   weight_decay, sc.bias1, sc.bias2);
+                                   weight_decay, sc.bias1, sc.rsqrt_bias2);
   }
 };
 
