@@ -45,17 +45,51 @@ struct hyper {
   float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, bias1 = 0.1f, rsqrt_bias2 = 22.366272f;  // 1 / sqrt(0.001999)
 };
 
-/// Runs adamw_host_n on a copy of c and checks every element against the scalar update
-/// (bit for bit) and a double-precision evaluation of the same formula (relative 1e-5).
+/// The host update's bodies: what adamw_host_n chooses, the compiled width's loop, and
+/// (on x86-64 when this CPU has AVX-512F) the run-time AVX-512F loop.
+enum class path { dispatched, base, avx512 };
+std::vector<path> paths() {
+  std::vector<path> out{path::dispatched, path::base};
+#if LOCUS_SIMD_AVX512_DISPATCH
+  if (__builtin_cpu_supports("avx512f")) out.push_back(path::avx512);
+#endif
+  return out;
+}
+template <class C, class... Args>
+void run_path(path w, Args... args) {
+  switch (w) {
+    case path::dispatched: return locus::detail::adamw_host_n<C>(args...);
+    case path::base: return locus::detail::adamw_host_n_base<C>(args...);
+    case path::avx512:
+#if LOCUS_SIMD_AVX512_DISPATCH
+      return locus::detail::adamw_host_n_avx512<C>(args...);
+#else
+      FAIL("no AVX-512F body in this build");
+#endif
+  }
+}
+
+/// Runs each body of adamw_host_n on a copy of c and checks every element against the
+/// scalar update (bit for bit) and a double-precision evaluation of the same formula
+/// (relative 1e-5).
+template <class C>
+void check_one_path(path w, const adamw_case& c, float inv, bool scaled, bool with_copy, const hyper& h);
 template <class C>
 void check_against_scalar(const adamw_case& c, float inv, bool scaled, bool with_copy, const hyper& h) {
+  for (const path w : paths()) {
+    CAPTURE(static_cast<int>(w));
+    check_one_path<C>(w, c, inv, scaled, with_copy, h);
+  }
+}
+template <class C>
+void check_one_path(path w, const adamw_case& c, float inv, bool scaled, bool with_copy, const hyper& h) {
   const auto n = static_cast<index_t>(c.p.size());
   std::vector<float> p = c.p, m = c.m, v = c.v;
   std::vector<C> pc(with_copy ? c.p.size() : 0);
   C* pcp = with_copy ? pc.data() : nullptr;
   if constexpr (!std::is_same_v<C, float>) REQUIRE(with_copy);
-  locus::detail::adamw_host_n<C>(n, p.data(), c.g.data(), m.data(), v.data(), pcp, inv, scaled, h.lr, h.b1, h.b2,
-                                 h.eps, h.wd, h.bias1, h.rsqrt_bias2);
+  run_path<C>(w, n, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(), pcp, inv, scaled, h.lr, h.b1,
+              h.b2, h.eps, h.wd, h.bias1, h.rsqrt_bias2);
   int wrong_bits = 0, wrong_ref = 0;
   for (index_t i = 0; i < n; ++i) {
     const auto k = static_cast<std::size_t>(i);
@@ -83,7 +117,9 @@ void check_against_scalar(const adamw_case& c, float inv, bool scaled, bool with
 TEST_CASE("AdamW's vectorised host update gives every element the scalar update's bits") {
   const index_t w = locus::detail::simd::width;
   const index_t big = locus::detail::host_parallel_threshold + 3 * w + 1;  // parallel, with a tail
-  for (index_t n : {index_t{0}, index_t{1}, w - 1, w, w + 1, 2 * w + 3, index_t{1000}, big}) {
+  // around the compiled width and AVX-512F's 16 lanes
+  for (index_t n : {index_t{0}, index_t{1}, w - 1, w, w + 1, 2 * w + 3, index_t{15}, index_t{16}, index_t{17},
+                    index_t{35}, index_t{1000}, big, big + 12}) {
     if (n < 0) continue;
     CAPTURE(n);
     const adamw_case c = random_case(n, 7 + static_cast<std::uint32_t>(n));
@@ -109,12 +145,14 @@ TEST_CASE("AdamW's vectorised host update: NaN, infinity and negative moments in
   check_against_scalar<float>(c, 1.0f, false, false, {});
   check_against_scalar<locus::bf16>(c, 2.0f, true, true, {});
   // the vector lanes never call sqrtf: a negative moment there leaves errno alone
-  std::vector<float> p = c.p, m = c.m, v = c.v;
-  errno = 0;
-  locus::detail::adamw_host_n<float>(4 * w, p.data(), c.g.data(), m.data(), v.data(), nullptr, 1.0f, false, 1e-3f,
-                                     0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.002f);
-  if (w > 1) CHECK(errno == 0);
-  CHECK(std::isnan(p[static_cast<std::size_t>(2 * w)]));
+  for (const path which : paths()) {
+    std::vector<float> p = c.p, m = c.m, v = c.v;
+    errno = 0;
+    run_path<float>(which, 4 * w, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(),
+                    static_cast<float*>(nullptr), 1.0f, false, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.002f);
+    if (w > 1) CHECK(errno == 0);
+    CHECK(std::isnan(p[static_cast<std::size_t>(2 * w)]));
+  }
 }
 
 TEST_CASE("AdamW on a model past the parallel threshold equals a double-precision reference") {

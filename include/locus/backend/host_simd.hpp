@@ -12,10 +12,15 @@
 // under -ffast-math (which may turn a vector division into a reciprocal estimate), and
 // not where FMA contraction (-ffp-contract=fast, GCC's default when the target has FMA)
 // fuses one form and not the other. The width follows the user's -m flags (-march=native
-// gives AVX-512 where the CPU has it); x86-64 without flags gets SSE's four lanes.
+// gives AVX-512 where the CPU has it); x86-64 without flags gets SSE's four lanes, and
+// the loops that are bound by arithmetic rather than memory (AdamW's square root and
+// division) also get a second body for AVX-512F, chosen at run time when the CPU has it
+// (simd512 below: PyTorch's CPU-capability dispatch, for one loop). That body is compiled
+// without FMA contraction, so it gives the scalar code's bits too.
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 // No intrinsics headers on x86 (<immintrin.h> alone costs a third of a second per user
@@ -102,3 +107,56 @@ inline vecf sqrt(vecf x) noexcept {
 
 }  // namespace LOCUS_SIMD_NAMESPACE
 }  // namespace locus::detail::simd
+
+// The run-time AVX-512F body: x86-64 with GCC or clang, when the file itself was compiled
+// for less (with -mavx512f the static width is already 16).
+#if LOCUS_SIMD_WIDTH < 16 && !defined(__CUDACC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOCUS_SIMD_AVX512_DISPATCH 1
+// The AVX-512F body contracts a * b + c into FMA exactly when the file's own code can:
+// a file compiled without FMA (no -mfma, no -march with it) never fuses, so the body is
+// compiled without contraction (clang: `#pragma clang fp contract(off)` in its body, GCC:
+// per function); a file with FMA keeps its own contraction setting in the body too, as
+// the compiled-width loop does.
+#if defined(__FMA__)
+#define LOCUS_TARGET_AVX512 __attribute__((target("avx512f")))
+#define LOCUS_NO_CONTRACT
+#elif defined(__clang__)
+#define LOCUS_TARGET_AVX512 __attribute__((target("avx512f")))
+#define LOCUS_NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define LOCUS_TARGET_AVX512 __attribute__((target("avx512f"), optimize("fp-contract=off")))
+#define LOCUS_NO_CONTRACT
+#endif
+
+namespace locus::detail::simd512 {
+
+inline constexpr int width = 16;
+typedef float vecf __attribute__((vector_size(64)));
+
+/// Whether this CPU runs AVX-512F with the OS saving its registers (asked once).
+/// LOCUS_HOST_SIMD=base in the environment keeps the compiled width (for comparisons).
+inline bool available() noexcept {
+  static const bool v = [] {
+    const char* e = std::getenv("LOCUS_HOST_SIMD");
+    if (e && std::strcmp(e, "base") == 0) return false;
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return v;
+}
+
+LOCUS_TARGET_AVX512 inline vecf load(const float* p) noexcept {
+  vecf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+LOCUS_TARGET_AVX512 inline void store(float* p, vecf v) noexcept { std::memcpy(p, &v, sizeof v); }
+LOCUS_TARGET_AVX512 inline vecf sqrt(vecf x) noexcept {
+#if defined(__clang__)
+  return __builtin_ia32_sqrtps512(x, 4);
+#else
+  return __builtin_ia32_sqrtps512_mask(x, x, static_cast<unsigned short>(0xffff), 4);
+#endif
+}
+
+}  // namespace locus::detail::simd512
+#endif

@@ -809,17 +809,87 @@ struct adamw_kernel {
   }
 };
 
-inline namespace LOCUS_SIMD_NAMESPACE {
+inline namespace LOCUS_SIMD_NAMESPACE {  // every width's loops are its own functions
 
-/// AdamW over n elements on the host, with g scaled by inv first when scaled (the fused
-/// step's unscale): adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
-/// would keep the compiler from vectorising the loop, see backend/host_simd.hpp) in one
-/// OpenMP pass; the last n % simd::width elements through the scalar update. Every
-/// element gets the bits the scalar update gives it.
+/// Elements [i0, n) of adamw_host_n through the scalar update (the vector loops' tail).
 template <class C>
-void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                  float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
-                  float eps, float wd, float bias1, float rsqrt_bias2) {
+void adamw_host_tail(index_t i0, index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                     float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                     float eps, float wd, float bias1, float rsqrt_bias2) {
+  for (index_t i = i0; i < n; ++i) {
+    const float gi = scaled ? g[i] * inv : g[i];
+    float mi = m[i], vi = v[i];
+    const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if constexpr (!std::is_same_v<C, float>) pc[i] = store<C>(pi);
+    else if (pc) pc[i] = pi;
+  }
+}
+
+#if LOCUS_SIMD_AVX512_DISPATCH
+/// Vectors [c0, c1) of adamw_host_n's loop over AVX-512F vectors (simd512): the same
+/// lines as adamw_host_n_base with 16 lanes, compiled for AVX-512F without FMA
+/// contraction. No OpenMP inside (clang's outlined regions drop the target attribute).
+template <class C>
+LOCUS_TARGET_AVX512 void adamw_avx512_range(index_t c0, index_t c1, float* __restrict p, const float* __restrict g,
+                                            float* __restrict m, float* __restrict v, C* __restrict pc, float inv,
+                                            bool scaled, float lr, float b1, float b2, float eps, float wd,
+                                            float step, float rsqrt_bias2) {
+  LOCUS_NO_CONTRACT
+  namespace s5 = simd512;
+  constexpr index_t w = s5::width;
+  for (index_t c = c0; c < c1; ++c) {
+    const index_t i = c * w;
+    s5::vecf gi = s5::load(g + i);
+    if (scaled) gi = gi * inv;
+    s5::vecf pi = s5::load(p + i), mi = s5::load(m + i), vi = s5::load(v + i);
+    pi -= lr * wd * pi;
+    mi = b1 * mi + (1.0f - b1) * gi;
+    vi = b2 * vi + (1.0f - b2) * gi * gi;
+    pi = pi - step * mi / (s5::sqrt(vi) * rsqrt_bias2 + eps);
+    s5::store(m + i, mi);
+    s5::store(v + i, vi);
+    s5::store(p + i, pi);
+    if constexpr (std::is_same_v<C, float>) {
+      if (pc) s5::store(pc + i, pi);
+    }
+  }
+}
+
+/// adamw_host_n through AVX-512F: blocks of 1024 vectors (64 KiB of each array) over the
+/// OpenMP threads, then the scalar tail. A bf16 or f16 compute copy is written by the
+/// caller's code right after each block (still in cache): GCC 12 at -O3 miscompiles the
+/// narrowing loop inside the AVX-512F function (wrong moments when the gradient is
+/// scaled).
+template <class C>
+void adamw_host_n_avx512(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                         float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                         float eps, float wd, float bias1, float rsqrt_bias2) {
+  constexpr index_t w = simd512::width, block = 1024;
+  const float step = lr / bias1;
+  const index_t chunks = n / w;
+  const index_t blocks = (chunks + block - 1) / block;
+  [[maybe_unused]] const bool parallel = n >= host_parallel_threshold && blocks > 1;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (index_t b = 0; b < blocks; ++b) {
+    const index_t c1 = b * block + block < chunks ? b * block + block : chunks;
+    adamw_avx512_range<C>(b * block, c1, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, step, rsqrt_bias2);
+    if constexpr (!std::is_same_v<C, float>)
+      for (index_t i = b * block * w; i < c1 * w; ++i) pc[i] = store<C>(p[i]);
+  }
+  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+}
+#endif
+
+/// adamw_host_n over the compiled width (simd::vecf), whatever the CPU also has.
+template <class C>
+void adamw_host_n_base(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                       float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                       float eps, float wd, float bias1, float rsqrt_bias2) {
   constexpr index_t w = simd::width;
   const float step = lr / bias1;  // the scalar update's first line, once
   const index_t chunks = n / w;
@@ -845,16 +915,25 @@ void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, flo
       simd::store(pc + i, pi);
     }
   }
-  for (index_t i = chunks * w; i < n; ++i) {
-    const float gi = scaled ? g[i] * inv : g[i];
-    float mi = m[i], vi = v[i];
-    const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
-    if constexpr (!std::is_same_v<C, float>) pc[i] = store<C>(pi);
-    else if (pc) pc[i] = pi;
-  }
+  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+}
+
+/// AdamW over n elements on the host, with g scaled by inv first when scaled (the fused
+/// step's unscale): adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
+/// would keep the compiler from vectorising the loop, see backend/host_simd.hpp) in one
+/// OpenMP pass, over AVX-512F vectors when the file was compiled for less and the CPU
+/// has them (its square roots and divisions, not memory, bound this loop); the last
+/// elements through the scalar update. Every element gets the bits the scalar update
+/// gives it, on either path.
+template <class C>
+void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                  float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                  float eps, float wd, float bias1, float rsqrt_bias2) {
+#if LOCUS_SIMD_AVX512_DISPATCH
+  if (simd512::available())
+    return adamw_host_n_avx512<C>(n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+#endif
+  adamw_host_n_base<C>(n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
 }
 
 }  // namespace LOCUS_SIMD_NAMESPACE
