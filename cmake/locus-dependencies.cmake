@@ -213,6 +213,41 @@ if(NOT TARGET locus::json)
   endif()
 endif()
 
+# MPI for <locus/dist.hpp> (data-parallel training; never linked into locus::locus).
+#   LOCUS_ENABLE_MPI: AUTO (default: use it when found), ON (required) or OFF.
+# The result is the imported target locus::mpi (MPI's C library, LOCUS_HAS_MPI=1) and,
+# with CUDA, locus::nccl (the toolkit's NCCL, LOCUS_HAS_NCCL=1); locus::dist links them.
+if(NOT DEFINED LOCUS_ENABLE_MPI)
+  set(LOCUS_ENABLE_MPI AUTO)
+endif()
+if(NOT LOCUS_ENABLE_MPI STREQUAL "OFF" AND NOT TARGET locus::mpi)
+  find_package(MPI QUIET COMPONENTS C)
+  if(MPI_C_FOUND)
+    add_library(locus::mpi INTERFACE IMPORTED)
+    target_link_libraries(locus::mpi INTERFACE MPI::MPI_C)
+    target_compile_definitions(locus::mpi INTERFACE LOCUS_HAS_MPI=1)
+    message(STATUS "locus: data-parallel training (locus::dist) over MPI ${MPI_C_VERSION}")
+  elseif(LOCUS_ENABLE_MPI STREQUAL "ON")
+    message(FATAL_ERROR "locus: LOCUS_ENABLE_MPI=ON but no MPI was found (Debian: openmpi-bin libopenmpi-dev), "
+                        "or configure with -DLOCUS_ENABLE_MPI=OFF")
+  else()
+    message(STATUS "locus: MPI not found; locus::dist (data-parallel training) is unavailable "
+                   "(Debian: openmpi-bin libopenmpi-dev)")
+  endif()
+endif()
+if(TARGET locus::mpi AND LOCUS_CUDA_FOUND AND NOT TARGET locus::nccl)
+  find_library(LOCUS_NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  find_path(LOCUS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(LOCUS_NCCL_LIBRARY AND LOCUS_NCCL_INCLUDE_DIR)
+    add_library(locus::nccl INTERFACE IMPORTED)
+    target_link_libraries(locus::nccl INTERFACE "${LOCUS_NCCL_LIBRARY}")
+    target_include_directories(locus::nccl INTERFACE "${LOCUS_NCCL_INCLUDE_DIR}")
+    target_compile_definitions(locus::nccl INTERFACE LOCUS_HAS_NCCL=1)
+  else()
+    message(STATUS "locus: NCCL not found; communicator<cuda> is unavailable")
+  endif()
+endif()
+
 function(locus_link_dependencies target)
   target_link_libraries(${target} INTERFACE CCCL::CCCL)
   if(OpenMP_CXX_FOUND)

@@ -398,6 +398,18 @@ class trainer {
   const options& opts() const noexcept { return o_; }
   /// The learning-rate schedule from now on (optimizer steps count from 0).
   void set_schedule(optim::schedule s) { o_.schedule = std::move(s); }
+
+  /// The master dtype's flat gradient buffer on the model's device.
+  using gradient_view = tensor_view<typename policy::master, device, 1>;
+  /// Called once per optimizer step, after the last micro-batch's backward and before
+  /// anything reads the gradients (the finite check, the grad scaler, the optimizer),
+  /// with every gradient as one flat buffer: where dist::data_parallel averages them
+  /// over the ranks. An empty function: nothing (the default). Graph mode captures the
+  /// call's device work with the step.
+  void set_gradient_sync(std::function<void(gradient_view)> f) {
+    drop_graphs();
+    grad_sync_ = std::move(f);
+  }
   loss_state& loss() noexcept { return loss_; }
   [[nodiscard]] std::int64_t micro_steps() const noexcept { return micro_step_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
@@ -609,6 +621,7 @@ class trainer {
       if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(vars ? -1 : micro);
       auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
       model_->backward(loss_.grad());
+      if (update && grad_sync_) grad_sync_(model_->parameters().grad());
       // Counted once the step cannot fail any more: an out_of_memory above leaves the
       // running loss as it was, like the weights. The fp32 guard also notes the first
       // micro-step whose loss was not finite. With a fused update the optimizer's check
@@ -952,6 +965,7 @@ class trainer {
   loss_state loss_;
   Scaler* scaler_ = nullptr;
   options o_;
+  std::function<void(gradient_view)> grad_sync_;
   double base_lr_ = 0.0;
   int micro_ = 0;
   std::int64_t micro_step_ = 0, optimizer_steps_ = 0, epochs_done_ = 0, running_samples_ = 0;

@@ -1,0 +1,156 @@
+// dist::data_parallel: PyTorch's DistributedDataParallel for a locus trainer. Each rank
+// holds the whole model and trains on its shard of the data (data::loader with .rank and
+// .world_size); the gradients are averaged over the ranks once per optimizer step, so
+// every rank takes the same step and the weights stay equal bit for bit.
+//
+//   locus::dist::environment env(argc, argv);
+//   locus::dist::communicator<locus::cpu> comm(env);
+//   locus::train::trainer t(model, opt, locus::nn::cross_entropy{});
+//   locus::dist::data_parallel dp(comm, t);      // rank 0's weights on every rank
+//   auto train = locus::data::loader<locus::cpu>(ds, {.batch_size = 64, .shuffle = true,
+//                                                     .seed = 42, .rank = comm.rank(),
+//                                                     .world_size = comm.world_size()});
+//   for (int e = 0; e < epochs; ++e) dp.train_epoch(train, {.epoch = e});
+//   auto m = dp.evaluate(test);                   // loss and accuracy over all ranks
+//   dp.save_checkpoint(path, e);                  // rank 0 writes, every rank waits
+//
+// How it keeps ranks equal:
+//   - at construction the master weights of rank 0 are broadcast (and the compute copy
+//     re-derived), so the ranks' seeds do not matter;
+//   - the trainer calls the gradient sync once per optimizer step, after the last
+//     micro-batch's backward (gradient accumulation communicates only then), with the
+//     flat gradient buffer: one all_reduce(average) over every parameter;
+//   - everything after it (the non-finite check, the grad scaler's overflow decision,
+//     the optimizer) reads the averaged gradients, which are the same bits on every rank,
+//     so the decisions are the same too: a NaN on one rank reaches every rank's average,
+//     and all of them skip the step (or stop with the fp32 guard's error);
+//   - an epoch starts only when every rank has the same number of batches (shape_error
+//     on all ranks otherwise: one rank would wait in an all_reduce the others never make;
+//     use drop_last, or a dataset that the ranks split evenly).
+// One all-reduce of the flat buffer after backward rather than buckets overlapped with
+// it: measured in bench/RESULTS.md (on this 2-core machine the cores that would overlap
+// communication are the ones computing backward).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "../train.hpp"
+#include "communicator.hpp"
+
+namespace locus::dist {
+
+template <class Trainer>
+class data_parallel {
+ public:
+  using device = typename Trainer::device;
+
+  data_parallel(communicator<device>& comm, Trainer& t) : comm_(&comm), t_(&t) {
+    broadcast_parameters();
+    t_->set_gradient_sync([this](typename Trainer::gradient_view g) { sync(g); });
+  }
+  ~data_parallel() { t_->set_gradient_sync({}); }
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
+
+  /// Rank 0's master weights on every rank (the compute copy re-derived): at
+  /// construction, and after anything that may have made the ranks differ.
+  void broadcast_parameters() {
+    auto& store = t_->model().parameters();
+    comm_->broadcast(store.master(), 0);
+    store.sync_compute();
+  }
+
+  /// One epoch of the trainer on this rank's shard; the figures combined over the ranks:
+  /// the loss is the mean over every rank's samples, samples and samples/s are the whole
+  /// job's (samples/s over the slowest rank's time).
+  template <class Loader>
+  train::metrics train_epoch(Loader& batches, const train::epoch_options& eo = {}) {
+    if constexpr (requires { batches.size(); }) agree_on_batches(static_cast<double>(batches.size()));
+    train::metrics m = t_->train_epoch(batches, eo);
+    const double samples = comm_->sum(static_cast<double>(m.samples));
+    const double loss = comm_->sum(m.loss * static_cast<double>(m.samples));
+    const double seconds = comm_->max(m.seconds);
+    m.loss = samples > 0 ? loss / samples : 0.0;
+    m.samples = static_cast<std::int64_t>(samples);
+    m.seconds = seconds;
+    m.samples_per_s = seconds > 0 ? samples / seconds : 0.0;
+    return m;
+  }
+
+  /// The trainer's evaluate on this rank's shard, loss and accuracy combined over the
+  /// ranks (weighted by their sample counts: the figures of the whole test set when
+  /// the loaders shard it).
+  template <class Loader>
+  train::metrics evaluate(Loader& batches) {
+    train::metrics m = t_->evaluate(batches);
+    const double n = static_cast<double>(m.samples);
+    const double samples = comm_->sum(n);
+    const double loss = comm_->sum(m.loss * n);
+    const double correct = comm_->sum(m.accuracy * n);
+    const double seconds = comm_->max(m.seconds);
+    m.samples = static_cast<std::int64_t>(samples);
+    m.loss = samples > 0 ? loss / samples : 0.0;
+    m.accuracy = samples > 0 ? correct / samples : 0.0;
+    m.seconds = seconds;
+    m.samples_per_s = seconds > 0 ? samples / seconds : 0.0;
+    return m;
+  }
+
+  /// train::save_checkpoint on rank 0 only; every rank returns once the file is complete,
+  /// so any rank may read it next. When rank 0 fails, every rank throws (rank 0 its own
+  /// error, the others a locus::error saying so) instead of waiting.
+  void save_checkpoint(const std::filesystem::path& path, std::int64_t epoch,
+                       const std::map<std::string, std::string>& run = {}) {
+    std::exception_ptr failed;
+    if (comm_->is_root()) {
+      try {
+        train::save_checkpoint(path, *t_, epoch, run);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    const double ok = comm_->min(failed ? 0.0 : 1.0);  // also the barrier
+    if (failed) std::rethrow_exception(failed);
+    if (ok == 0.0) throw error("locus: rank 0 could not write the checkpoint " + path.string() + " (its own error says why)");
+  }
+
+  [[nodiscard]] bool is_root() const noexcept { return comm_->is_root(); }
+  [[nodiscard]] int rank() const noexcept { return comm_->rank(); }
+  [[nodiscard]] int world_size() const noexcept { return comm_->world_size(); }
+  communicator<device>& comm() noexcept { return *comm_; }
+  Trainer& trainer() noexcept { return *t_; }
+  /// Seconds this rank spent in the gradient all-reduce (host devices: wall time of the
+  /// call; cuda: enqueue time only) and how many all-reduces ran.
+  [[nodiscard]] double sync_seconds() const noexcept { return sync_s_; }
+  [[nodiscard]] std::int64_t syncs() const noexcept { return syncs_; }
+
+ private:
+  void sync(typename Trainer::gradient_view g) {
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_->all_reduce(g, reduce_op::average);
+    sync_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++syncs_;
+  }
+
+  void agree_on_batches(double n) {
+    const double lo = comm_->min(n), hi = comm_->max(n);
+    if (lo != hi)
+      throw shape_error("locus: data_parallel: the ranks' loaders hold " + std::to_string(static_cast<long long>(lo)) +
+                        " to " + std::to_string(static_cast<long long>(hi)) + " batches (this rank: " +
+                        std::to_string(static_cast<long long>(n)) +
+                        "); every rank must take the same number of optimizer steps: use .drop_last = true, or a "
+                        "dataset the ranks split evenly");
+  }
+
+  communicator<device>* comm_;
+  Trainer* t_;
+  double sync_s_ = 0.0;
+  std::int64_t syncs_ = 0;
+};
+
+}  // namespace locus::dist

@@ -1,0 +1,30 @@
+# Runs locus_dist_tests under mpirun with LOCUS_DIST_TEST_FAIL=MODE (rank 1 fails at its
+# third training step: throw an exception, die, or hang) and checks that the job ended
+# with a non-zero status and the expected message, well within the test's timeout.
+#   cmake -DMODE=throw|die|hang -DMPIRUN="mpirun;-np;2;..." -DEXE=... -P expect_failure.cmake
+if(MODE STREQUAL "throw")
+  set(_expect "locus: rank 1 of 2: locus: test: rank 1 could not read its shard")
+elseif(MODE STREQUAL "die")
+  set(_expect "exited|non-zero status|Exit code")
+elseif(MODE STREQUAL "hang")
+  set(_expect "locus: rank 0: all_reduce waited more than 3 s")
+else()
+  message(FATAL_ERROR "expect_failure.cmake: unknown MODE '${MODE}'")
+endif()
+set(ENV{LOCUS_DIST_TEST_FAIL} "${MODE}")
+# LOCUS_DIST_TIMEOUT reaches the ranks through -x (the later -x wins over MPIRUN's)
+string(TIMESTAMP _t0 "%s")
+execute_process(COMMAND ${MPIRUN} -x LOCUS_DIST_TIMEOUT=3 -x LOCUS_DIST_TEST_FAIL ${EXE}
+  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 90)
+string(TIMESTAMP _t1 "%s")
+math(EXPR _dt "${_t1} - ${_t0}")
+message(STATUS "mpirun ended after ${_dt} s with '${_rc}'")
+if(_rc STREQUAL "0")
+  message(FATAL_ERROR "the job succeeded although rank 1 failed (${MODE}):\n${_out}\n${_err}")
+endif()
+if(_rc MATCHES "timeout|Process terminated due to timeout")
+  message(FATAL_ERROR "the job did not end within 90 s after rank 1 failed (${MODE}):\n${_out}\n${_err}")
+endif()
+if(NOT "${_out}${_err}" MATCHES "${_expect}")
+  message(FATAL_ERROR "the job's output lacks '${_expect}':\n${_out}\n${_err}")
+endif()
