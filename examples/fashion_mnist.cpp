@@ -19,9 +19,21 @@
 // The body is written once for any device D and precision policy P; the options pick
 // the instantiation. Compiled by nvcc when CUDA is enabled (the cuda instantiations
 // launch kernels).
+//
+// Data-parallel: built with MPI (CMake found it: locus::dist), the same binary runs as N
+// ranks under a launcher, `scripts/run-main --ranks N ...` or `mpirun -np N fashion_mnist
+// ...`: each rank trains on its shard of the training set (the loader's rank and
+// world_size, drop_last), the gradients are averaged every optimizer step
+// (locus::dist::data_parallel), the test set is sharded and its figures combined; rank 0
+// alone prints, writes --log and the checkpoints, and every rank resumes from them. A
+// rank's error ends the whole job with that rank's message. Without a launcher it is the
+// single process it always was, MPI not even initialised.
 #include <algorithm>
 #include <locus/data/loader.hpp>
 #include <locus/train.hpp>
+#if LOCUS_HAS_MPI
+#include <locus/dist.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -34,11 +46,31 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
+
+#if LOCUS_HAS_MPI
+locus::dist::environment* g_env = nullptr;  // set in main
+#endif
+/// This process's rank and the job's size (0 and 1 without MPI).
+int job_rank() {
+#if LOCUS_HAS_MPI
+  return g_env ? g_env->rank() : 0;
+#else
+  return 0;
+#endif
+}
+int job_size() {
+#if LOCUS_HAS_MPI
+  return g_env ? g_env->world_size() : 1;
+#else
+  return 1;
+#endif
+}
 
 struct config {
   std::string data = "/usr/share/datasets/fashion-mnist";
@@ -152,6 +184,7 @@ std::string bytes(std::size_t b) { return locus::out_of_memory::format_bytes(b);
 /// A progress bar on a terminal, nothing otherwise (the epoch line follows either way).
 struct progress_printer {
   bool tty = ::isatty(1) != 0;
+  int world = 1;  // ranks: the job's rate is about world times rank 0's
   void operator()(const locus::train::progress& p) const {
     if (!tty || p.batches <= 0) return;
     const int width = 30;
@@ -160,7 +193,7 @@ struct progress_printer {
     bar.resize(width, '.');
     std::printf("\r  epoch %lld [%s] %lld/%lld  loss %.4f  %.0f samples/s ", static_cast<long long>(p.epoch + 1),
                 bar.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.batches), p.loss,
-                p.samples_per_s);
+                p.samples_per_s * world);
     std::fflush(stdout);
   }
 };
@@ -182,9 +215,40 @@ int run(const config& c) {
   locus::optim::adamw<D> opt(model.parameters(), {.lr = c.lr, .weight_decay = 1e-4});
 
   constexpr locus::index_t eval_batch_size = 1000;
+  const int rank = job_rank(), world = job_size();
   auto go = [&](auto& t) -> int {
+    // Several ranks: the epoch functions and checkpoints through data_parallel (rank 0's
+    // initial weights on every rank, gradients averaged each optimizer step).
+#if LOCUS_HAS_MPI
+    using T = std::remove_reference_t<decltype(t)>;
+    std::optional<locus::dist::communicator<D>> comm;
+    std::optional<locus::dist::data_parallel<T>> dp;
+    if (world > 1) {
+      if constexpr (std::is_same_v<D, locus::cuda> && !LOCUS_DIST_NCCL) {
+        throw std::runtime_error("several ranks on cuda need NCCL, and this build has none");
+      } else {
+        comm.emplace(*g_env);
+        dp.emplace(*comm, t);
+      }
+    }
+    auto train_epoch = [&](auto& loader, const locus::train::epoch_options& eo) {
+      return dp ? dp->train_epoch(loader, eo) : t.train_epoch(loader, eo);
+    };
+    auto evaluate = [&](auto& loader) { return dp ? dp->evaluate(loader) : t.evaluate(loader); };
+    auto save = [&](const std::filesystem::path& path, std::int64_t epoch, const std::map<std::string, std::string>& run) {
+      if (dp) dp->save_checkpoint(path, epoch, run);
+      else locus::train::save_checkpoint(path, t, epoch, run);
+    };
+#else
+    auto train_epoch = [&](auto& loader, const locus::train::epoch_options& eo) { return t.train_epoch(loader, eo); };
+    auto evaluate = [&](auto& loader) { return t.evaluate(loader); };
+    auto save = [&](const std::filesystem::path& path, std::int64_t epoch, const std::map<std::string, std::string>& run) {
+      locus::train::save_checkpoint(path, t, epoch, run);
+    };
+#endif
     // Batch size: a number, or the largest that fits the device's memory.
-    const locus::data::loader_options train_options{.shuffle = true, .seed = c.seed};
+    const locus::data::loader_options train_options{
+        .shuffle = true, .seed = c.seed, .drop_last = world > 1, .rank = rank, .world_size = world};
     locus::index_t batch = 0;
     if (c.batch_size == "auto") {
       const locus::index_t cap = std::min<locus::index_t>(train_set.size(), 4096);
@@ -210,6 +274,9 @@ int run(const config& c) {
           64, cap);
       ahead.clear();
       if (batch == 0) throw std::runtime_error("not even a batch of 1 fits in the device's memory");
+#if LOCUS_HAS_MPI
+      if (comm) batch = static_cast<locus::index_t>(comm->min(static_cast<double>(batch)));  // every rank's
+#endif
       std::printf("batch size auto: %lld (the largest that fits %s memory, searched up to %lld)\n",
                   static_cast<long long>(batch), std::string(D::name).c_str(), static_cast<long long>(cap));
     } else {
@@ -221,7 +288,8 @@ int run(const config& c) {
     // Evaluation in batches of 1000, or of the training batch when auto chose a smaller one.
     const locus::index_t eval_batch =
         c.batch_size == "auto" ? std::min(eval_batch_size, batch) : eval_batch_size;
-    locus::data::loader<D> test_loader(test_set, {.batch_size = eval_batch, .prefetch = train_options.prefetch});
+    locus::data::loader<D> test_loader(
+        test_set, {.batch_size = eval_batch, .rank = rank, .world_size = world, .prefetch = train_options.prefetch});
     const auto steps_per_epoch =
         (static_cast<std::int64_t>(train_loader.size()) + c.accumulate - 1) / c.accumulate;
     t.set_schedule(locus::optim::cosine_lr{steps_per_epoch * c.epochs, c.lr * 0.01});
@@ -260,7 +328,7 @@ int run(const config& c) {
     }
 
     std::ofstream log;
-    if (!c.log.empty()) {
+    if (!c.log.empty() && rank == 0) {
       // A resumed run keeps the rows of the epochs before the checkpoint and drops later
       // ones (resuming from an earlier checkpoint would otherwise repeat them).
       std::vector<std::string> kept;
@@ -285,6 +353,9 @@ int run(const config& c) {
       for (const auto& line : kept) log << line << '\n';
     }
 
+    if (world > 1)
+      std::printf("data-parallel: %d ranks, batch %lld per rank (%lld in all), gradients averaged each step\n", world,
+                  static_cast<long long>(batch), static_cast<long long>(batch) * world);
     std::printf("model: %lld-%lld-%lld-%lld MLP, %lld parameters; %s on %s, batch %lld x %d, %d epochs\n",
                 static_cast<long long>(features), static_cast<long long>(c.hidden[0]),
                 static_cast<long long>(c.hidden[1]), static_cast<long long>(classes),
@@ -292,12 +363,13 @@ int run(const config& c) {
                 std::string(D::name).c_str(), static_cast<long long>(batch), c.accumulate, c.epochs);
     locus::train::metrics ev;
     progress_printer bar;
+    bar.world = world;
     // Progress reads the running loss back (a synchronisation): only for a terminal.
     const locus::train::epoch_options eo{.report_every = 20,
                                          .on_progress = bar.tty ? std::function<void(const locus::train::progress&)>(bar)
                                                                 : nullptr};
     if (first_epoch >= c.epochs) {
-      ev = t.evaluate(test_loader);
+      ev = evaluate(test_loader);
       std::printf("nothing to train: the checkpoint is after epoch %lld and --epochs is %d\n",
                   static_cast<long long>(first_epoch), c.epochs);
     }
@@ -305,8 +377,8 @@ int run(const config& c) {
       locus::reset_peak_memory_stats<D>();
       auto eoe = eo;
       eoe.epoch = e;
-      const auto r = t.train_epoch(train_loader, eoe);
-      ev = t.evaluate(test_loader);
+      const auto r = train_epoch(train_loader, eoe);
+      ev = evaluate(test_loader);
       if (bar.tty) std::printf("\r%*s\r", 100, "");
       std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s\n",
                   static_cast<long long>(e + 1), r.loss, ev.loss, ev.accuracy, r.samples_per_s,
@@ -318,8 +390,8 @@ int run(const config& c) {
             << std::flush;
       if (!c.checkpoint_dir.empty()) {
         const std::filesystem::path dir(c.checkpoint_dir);
-        locus::train::save_checkpoint(dir / ("epoch-" + std::to_string(e + 1) + ".safetensors"), t, e + 1, run_info);
-        locus::train::save_checkpoint(dir / "last.safetensors", t, e + 1, run_info);
+        save(dir / ("epoch-" + std::to_string(e + 1) + ".safetensors"), e + 1, run_info);
+        save(dir / "last.safetensors", e + 1, run_info);
       }
     }
     std::printf("final test accuracy %.4f\n", ev.accuracy);
@@ -344,38 +416,59 @@ int run_device(const config& c, const std::string& precision) {
   return run<D, locus::amp::fp16_mixed>(c);
 }
 
+/// The job on this process (one rank of it, or all of it).
+int job(const config& c) {
+  const auto env = locus::environment();
+  std::fputs(env.to_string().c_str(), stdout);
+  bool use_cuda = false;
+  if (c.device == "cuda") {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    if (!locus::cuda_available()) {
+      std::fprintf(stderr, "fashion_mnist: --device cuda, but no usable GPU: %s\n", env.cuda_status.c_str());
+      return 1;
+    }
+    use_cuda = true;
+#else
+    std::fprintf(stderr, "fashion_mnist: --device cuda, but this build has no CUDA (configure with nvcc on PATH)\n");
+    return 1;
+#endif
+  } else if (c.device == "auto") {
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+    use_cuda = locus::cuda_available();
+#endif
+  }
+  const std::string precision = !c.precision.empty() ? c.precision : (use_cuda ? "bf16" : "fp32");
+  std::printf("\ntraining on %s in %s\n", use_cuda ? "cuda" : "cpu", precision.c_str());
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  if (use_cuda) return run_device<locus::cuda>(c, precision);
+#endif
+  return run_device<locus::cpu>(c, precision);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const config c = parse(argc, argv);
-  const auto env = locus::environment();
-  std::fputs(env.to_string().c_str(), stdout);
-  try {
-    bool use_cuda = false;
-    if (c.device == "cuda") {
-#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-      if (!locus::cuda_available()) {
-        std::fprintf(stderr, "fashion_mnist: --device cuda, but no usable GPU: %s\n", env.cuda_status.c_str());
-        return 1;
-      }
-      use_cuda = true;
-#else
-      std::fprintf(stderr, "fashion_mnist: --device cuda, but this build has no CUDA (configure with nvcc on PATH)\n");
+#if LOCUS_HAS_MPI
+  // Under a launcher: one rank of the job (rank 0 prints; an error on any rank ends the
+  // job with that rank's message). Without one: a world of one, no MPI_Init.
+  return locus::dist::run(argc, argv, [&](locus::dist::environment& env) -> int {
+    g_env = &env;
+    if (env.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+    try {
+      return job(c);
+    } catch (const std::exception& e) {
+      if (env.world_size() > 1) throw std::runtime_error(std::string("fashion_mnist: ") + e.what());
+      std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
       return 1;
-#endif
-    } else if (c.device == "auto") {
-#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-      use_cuda = locus::cuda_available();
-#endif
     }
-    const std::string precision = !c.precision.empty() ? c.precision : (use_cuda ? "bf16" : "fp32");
-    std::printf("\ntraining on %s in %s\n", use_cuda ? "cuda" : "cpu", precision.c_str());
-#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-    if (use_cuda) return run_device<locus::cuda>(c, precision);
-#endif
-    return run_device<locus::cpu>(c, precision);
+  });
+#else
+  try {
+    return job(c);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;
   }
+#endif
 }
