@@ -8,7 +8,9 @@
 // rank 0 with the whole job's samples/s, the seconds each rank spent in the gradient
 // all-reduce (max over ranks) and that time's share of the epoch.
 //
-//   mpirun -np 2 bench_dist [--global-batch 256] [--epochs 1] [--data DIR]
+//   mpirun -np 2 bench_dist [--global-batch 256] [--epochs 1] [--data DIR] [--bucket-kb K]
+// --bucket-kb K: the gradients reduced in buckets of K KiB during backward (0: one
+// all-reduce after backward, the default).
 #include <locus/dist.hpp>
 #include <locus/data/idx.hpp>
 #include <locus/data/loader.hpp>
@@ -30,12 +32,14 @@ int main(int argc, char** argv) {
     namespace nn = locus::nn;
     index_t global = 256;
     int epochs = 1;
+    long long bucket_kb = 0;  // 0: one all-reduce after backward
     std::string data = "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string k = argv[i], v = argv[i + 1];
       if (k == "--global-batch") global = std::atoll(v.c_str());
       else if (k == "--epochs") epochs = std::atoi(v.c_str());
       else if (k == "--data") data = v;
+      else if (k == "--bucket-kb") bucket_kb = std::atoll(v.c_str());
       else throw locus::value_error("bench_dist: unknown option " + k);
     }
     locus::dist::communicator<cpu> comm(env);
@@ -55,7 +59,7 @@ int main(int argc, char** argv) {
     model.reset_parameters(static_cast<std::uint64_t>(rank));  // data_parallel makes them rank 0's
     locus::optim::adamw<cpu> opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.01});
     locus::train::trainer t(model, opt, nn::cross_entropy{});
-    locus::dist::data_parallel dp(comm, t);
+    locus::dist::data_parallel dp(comm, t, {.bucket_bytes = static_cast<std::size_t>(bucket_kb) * 1024});
 
     locus::tensor<float, cpu, 2> xb(locus::extents<2>{batch, features});
     locus::tensor<std::int64_t, cpu, 1> yb(locus::extents<1>{batch});
@@ -93,9 +97,9 @@ int main(int argc, char** argv) {
 #endif
     if (comm.is_root())
       std::printf("{\"name\": \"dist_mlp_train\", \"ranks\": %d, \"threads_per_rank\": %d, \"global_batch\": %lld, "
-                  "\"samples_per_s\": %.1f, \"seconds\": %.4f, \"allreduce_seconds\": %.4f, \"allreduce_share\": %.4f, "
+                  "\"bucket_kb\": %lld, \"samples_per_s\": %.1f, \"seconds\": %.4f, \"allreduce_seconds\": %.4f, \"allreduce_share\": %.4f, "
                   "\"final_loss\": %.6f}\n",
-                  world, threads, static_cast<long long>(global), sps, dt, sync, dt > 0 ? sync / dt : 0.0, loss);
+                  world, threads, static_cast<long long>(global), bucket_kb, sps, dt, sync, dt > 0 ? sync / dt : 0.0, loss);
     return 0;
   });
 }

@@ -221,6 +221,35 @@ TEST_CASE("data_parallel: ranks seeded differently start equal and stay bit-iden
   CHECK(worst <= 1e-5);  // summation order differs: float tolerance
 }
 
+TEST_CASE("data_parallel: buckets reduced during backward give the bits of one all-reduce after it") {
+  auto& c = world();
+  const int r = c.rank();
+  const task data = make_task(96, 40 + static_cast<std::uint64_t>(r));  // each rank its own data
+  auto a = make_model(3), b = make_model(3), d = make_model(3);
+  locus::optim::adamw<cpu> oa(a.parameters(), {.lr = 1e-2}), ob(b.parameters(), {.lr = 1e-2}),
+      od(d.parameters(), {.lr = 1e-2});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{}), tb(b, ob, nn::cross_entropy{}),
+      td(d, od, nn::cross_entropy{}, {.accumulate = 2});
+  dist::data_parallel one(c, ta);
+  dist::data_parallel buckets(c, tb, {.bucket_bytes = 1});  // every layer its own bucket
+  dist::data_parallel acc(c, td, {.bucket_bytes = 256});    // with accumulation
+  for (index_t s = 0; s < 6; ++s) {
+    ta.step(data.x.slice(16 * s, 16 * s + 16), data.y.slice(16 * s, 16 * s + 16));
+    tb.step(data.x.slice(16 * s, 16 * s + 16), data.y.slice(16 * s, 16 * s + 16));
+    td.step(data.x.slice(16 * s, 16 * s + 16), data.y.slice(16 * s, 16 * s + 16));
+  }
+  const auto wa = locus::to<cpu>(std::as_const(a.parameters()).master());
+  const auto wb = locus::to<cpu>(std::as_const(b.parameters()).master());
+  CHECK(std::memcmp(wa.data_handle(), wb.data_handle(), wa.size_bytes()) == 0);
+  CHECK(bit_identical_across_ranks(std::as_const(b.parameters()).master()));
+  CHECK(bit_identical_across_ranks(std::as_const(d.parameters()).master()));
+  CHECK(buckets.syncs() == 6);
+  CHECK(buckets.buckets() == 12);  // both linear layers, every step: reduced during backward
+  CHECK(acc.syncs() == 3);
+  CHECK(acc.buckets() == 6);       // only the optimizer steps' backward
+  CHECK(one.buckets() == 0);
+}
+
 TEST_CASE("data_parallel: gradient accumulation communicates only on the optimizer step") {
   auto& c = world();
   const task data = make_task(64, 5 + static_cast<std::uint64_t>(c.rank()));  // each rank its own data

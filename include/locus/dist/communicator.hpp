@@ -67,6 +67,8 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
+#include <functional>
 
 #include "../core/device.hpp"
 #include "../core/dtype.hpp"
@@ -514,6 +516,64 @@ class communicator {
     }
   }
 
+  /// Starts x = the sum (or mean) of x over the ranks without waiting for it: MPI's
+  /// MPI_Iallreduce (NCCL: enqueued on the current stream, as every NCCL call is). x is
+  /// a contiguous 1-D view that must stay alive and untouched until wait(). Ranks start
+  /// the same reductions in the same order.
+  template <class T>
+  void all_reduce_start(const tensor_view<T, D, 1>& x, reduce_op op = reduce_op::sum) {
+    static_assert(detail::require_reducible<T, nccl>());
+    if (size_ == 1 || x.numel() == 0) return;
+    if (!x.is_contiguous()) throw value_error("locus: all_reduce_start needs a contiguous view");
+    const auto n = static_cast<std::size_t>(x.numel());
+    if constexpr (nccl) {
+      reduce_raw(x.data_handle(), n, op);
+    } else {
+      if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw value_error("locus: all_reduce_start of more than 2^31 - 1 elements");
+      MPI_Request r;
+      detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x.data_handle(), static_cast<int>(n), detail::mpi_type<T>::get(),
+                                       MPI_SUM, comm_, &r),
+                        "MPI_Iallreduce");
+      pending_.push_back(r);
+      if (op == reduce_op::average) {
+        T* p = x.data_handle();
+        const int world = size_;
+        finish_.push_back([p, n, world] {
+          if constexpr (std::is_floating_point_v<T>) {
+            const T inv = T(1) / static_cast<T>(world);
+            for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
+          } else {
+            for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(world);
+          }
+        });
+      }
+    }
+  }
+  /// Lets started reductions move on (MPI progresses them only inside its calls).
+  void progress() {
+    if constexpr (!nccl) {
+      if (pending_.empty()) return;
+      int done = 0;
+      detail::mpi_check(MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
+                        "MPI_Testall");
+    }
+  }
+  /// Completes every reduction all_reduce_start began.
+  void wait() {
+    if constexpr (!nccl) {
+      if (pending_.empty()) return;
+      {
+        detail::timed w(env_->watchdog(), "all_reduce (buckets)");
+        detail::mpi_check(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
+                          "MPI_Waitall");
+      }
+      pending_.clear();
+      for (auto& f : finish_) f();
+      finish_.clear();
+    }
+  }
+
   /// Waits until every rank is here (cuda: also until this rank's current stream is done).
   void barrier() {
     if (size_ == 1) return;
@@ -644,6 +704,8 @@ class communicator {
   const environment* env_;
   int rank_ = 0, size_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<MPI_Request> pending_;         // all_reduce_start's, until wait()
+  std::vector<std::function<void()>> finish_;  // their averaging, after wait()
 #if LOCUS_DIST_NCCL
   ncclComm_t nccl_ = nullptr;
 #endif

@@ -27,9 +27,9 @@
 //   - an epoch starts only when every rank has the same number of batches (shape_error
 //     on all ranks otherwise: one rank would wait in an all_reduce the others never make;
 //     use drop_last, or a dataset that the ranks split evenly).
-// One all-reduce of the flat buffer after backward rather than buckets overlapped with
-// it: measured in bench/RESULTS.md (on this 2-core machine the cores that would overlap
-// communication are the ones computing backward).
+// By default one all-reduce of the flat buffer after backward; with
+// data_parallel_options::bucket_bytes, buckets reduced during backward as each group of
+// layers finishes (PyTorch DDP's scheme). Which wins is measured in bench/RESULTS.md.
 #pragma once
 
 #include <chrono>
@@ -44,16 +44,36 @@
 
 namespace locus::dist {
 
+struct data_parallel_options {
+  /// 0: one all-reduce of every gradient after backward (the default; measured faster on
+  /// a 2-core CPU, bench/RESULTS.md). Above 0: buckets of at least this many bytes, each
+  /// reduced (non-blocking) as soon as backward has finished its layers, the rest after
+  /// backward; the result is the same.
+  std::size_t bucket_bytes = 0;
+};
+
 template <class Trainer>
 class data_parallel {
  public:
   using device = typename Trainer::device;
 
-  data_parallel(communicator<device>& comm, Trainer& t) : comm_(&comm), t_(&t) {
+  data_parallel(communicator<device>& comm, Trainer& t, const data_parallel_options& o = {})
+      : comm_(&comm), t_(&t), o_(o) {
     broadcast_parameters();
     t_->set_gradient_sync([this](typename Trainer::gradient_view g) { sync(g); });
+    if (o_.bucket_bytes > 0) {
+      if constexpr (requires { t_->set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); })
+        t_->set_gradients_final([this](typename Trainer::gradient_view g, index_t first) { bucket(g, first); });
+      else
+        throw value_error("locus: data_parallel buckets need a model that reports its gradients during backward "
+                          "(nn::sequential does)");
+    }
   }
-  ~data_parallel() { t_->set_gradient_sync({}); }
+  ~data_parallel() {
+    t_->set_gradient_sync({});
+    if constexpr (requires { t_->set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); })
+      if (o_.bucket_bytes > 0) t_->set_gradients_final({});
+  }
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
@@ -128,13 +148,37 @@ class data_parallel {
   /// call; cuda: enqueue time only) and how many all-reduces ran.
   [[nodiscard]] double sync_seconds() const noexcept { return sync_s_; }
   [[nodiscard]] std::int64_t syncs() const noexcept { return syncs_; }
+  /// Buckets started during backward (bucket_bytes > 0), over all steps.
+  [[nodiscard]] std::int64_t buckets() const noexcept { return buckets_; }
 
  private:
   void sync(typename Trainer::gradient_view g) {
     const auto t0 = std::chrono::steady_clock::now();
-    comm_->all_reduce(g, reduce_op::average);
+    if (o_.bucket_bytes == 0) {
+      comm_->all_reduce(g, reduce_op::average);
+    } else {
+      const index_t end = pending_end_ < 0 ? g.numel() : pending_end_;
+      if (end > 0) comm_->all_reduce_start(g.slice(0, end), reduce_op::average);
+      comm_->wait();
+      pending_end_ = -1;
+    }
     sync_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++syncs_;
+  }
+  /// During backward: [first, the end of the last bucket) is final; reduce it once it is
+  /// big enough.
+  void bucket(typename Trainer::gradient_view g, index_t first) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pending_end_ < 0) pending_end_ = g.numel();
+    const auto bytes = static_cast<std::size_t>(pending_end_ - first) * sizeof(typename Trainer::gradient_view::value_type);
+    if (bytes >= o_.bucket_bytes) {
+      comm_->all_reduce_start(g.slice(first, pending_end_), reduce_op::average);
+      pending_end_ = first;
+      ++buckets_;
+    } else {
+      comm_->progress();
+    }
+    sync_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   void agree_on_batches(double n) {
@@ -149,8 +193,11 @@ class data_parallel {
 
   communicator<device>* comm_;
   Trainer* t_;
+  data_parallel_options o_;
+  index_t pending_end_ = -1;  // buckets: the gradients from here on are being reduced
   double sync_s_ = 0.0;
   std::int64_t syncs_ = 0;
+  std::int64_t buckets_ = 0;
 };
 
 }  // namespace locus::dist

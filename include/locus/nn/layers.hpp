@@ -20,6 +20,7 @@
 // initialised as PyTorch initialises nn.Linear (Kaiming-uniform, bound 1/sqrt(fan_in)).
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -529,6 +530,13 @@ class sequential {
   /// The inference forward: saves nothing.
   tensor<C, device, 2> infer(const view& x) const { return infer_from<0>(x); }
 
+  /// Called during backward each time a layer with parameters has written its
+  /// gradients, with the flat-buffer offset from which every gradient is now final
+  /// (backward runs from the last layer to the first, and the store holds the layers'
+  /// parameters in order): where data-parallel training starts reducing a bucket while
+  /// the earlier layers are still differentiated. Empty: nothing (the default).
+  void set_gradients_final(std::function<void(index_t first_final)> f) { grads_final_ = std::move(f); }
+
  private:
   void rebind() noexcept {
     std::apply([&](auto&... l) { (l.bind(store_), ...); }, layers_);
@@ -536,7 +544,13 @@ class sequential {
 
   void setup(std::uint64_t seed) {
     std::size_t i = 0;
-    std::apply([&](auto&... l) { ((l.declare(store_, std::to_string(i++) + ".")), ...); }, layers_);
+    const auto declare = [&](auto& l) {
+      first_entry_[i] = store_.count();
+      l.declare(store_, std::to_string(i) + ".");
+      has_params_[i] = store_.count() > first_entry_[i];
+      ++i;
+    };
+    std::apply([&](auto&... l) { (declare(l), ...); }, layers_);
     store_.allocate();
     std::apply([&](auto&... l) { (l.bind(store_), ...); }, layers_);
     reset_parameters(seed);
@@ -584,6 +598,7 @@ class sequential {
       }
     }
     const view g = l.backward(gy, I > 0 || need_input_grad);
+    if (grads_final_ && has_params_[I]) grads_final_(store_.entries()[first_entry_[I]].offset);
     if constexpr (I > 0) return backward_from<I - 1>(g, need_input_grad);
     else return g;
   }
@@ -618,6 +633,9 @@ class sequential {
   std::tuple<Layers...> layers_;
   store_type store_;
   std::uint64_t seed_ = 0;
+  std::array<std::size_t, size> first_entry_{};  // each layer's first parameter in the store
+  std::array<bool, size> has_params_{};
+  std::function<void(index_t)> grads_final_;
 };
 
 template <class... Layers>

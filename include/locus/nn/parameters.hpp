@@ -138,6 +138,10 @@ class parameter_store {
     return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
 
+  /// The flat gradient buffer as it is, discarded gradients not zeroed (for code that
+  /// reads only gradients a backward has just written: data-parallel buckets).
+  [[nodiscard]] tensor_view<master_type, D, 1> grad_unsettled() noexcept { return grad_.view(); }
+
   /// For a backward that writes parameter i's whole gradient: the gradient, and true
   /// when discard_grad left it unwritten (then the backward stores dL/dw instead of
   /// adding it: the GEMM's beta = 0, no memset before it and no read of the old values).

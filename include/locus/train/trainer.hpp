@@ -410,6 +410,17 @@ class trainer {
     drop_graphs();
     grad_sync_ = std::move(f);
   }
+  /// Called during the last micro-batch's backward of each optimizer step, whenever a
+  /// layer's gradients are final: f(gradients, offset), every gradient from `offset` to
+  /// the end of the flat buffer is final (the model must have set_gradients_final, as
+  /// nn::sequential does). Where buckets of the all-reduce start; the gradient sync
+  /// above still runs after backward.
+  void set_gradients_final(std::function<void(gradient_view, index_t)> f)
+    requires requires(Model& m) { m.set_gradients_final(std::function<void(index_t)>{}); }
+  {
+    drop_graphs();
+    grad_final_ = std::move(f);
+  }
   loss_state& loss() noexcept { return loss_; }
   [[nodiscard]] std::int64_t micro_steps() const noexcept { return micro_step_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
@@ -620,7 +631,21 @@ class trainer {
       if constexpr (has_scaler) scale = scaler_->scale_ptr();
       if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(vars ? -1 : micro);
       auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
-      model_->backward(loss_.grad());
+      if constexpr (!requires { model_->set_gradients_final(std::function<void(index_t)>{}); }) {
+        model_->backward(loss_.grad());
+      } else if (update && grad_final_) {
+        auto& store = model_->parameters();
+        model_->set_gradients_final([&](index_t first) { grad_final_(store.grad_unsettled(), first); });
+        try {
+          model_->backward(loss_.grad());
+        } catch (...) {
+          model_->set_gradients_final({});
+          throw;
+        }
+        model_->set_gradients_final({});
+      } else {
+        model_->backward(loss_.grad());
+      }
       if (update && grad_sync_) grad_sync_(model_->parameters().grad());
       // Counted once the step cannot fail any more: an out_of_memory above leaves the
       // running loss as it was, like the weights. The fp32 guard also notes the first
@@ -966,6 +991,7 @@ class trainer {
   Scaler* scaler_ = nullptr;
   options o_;
   std::function<void(gradient_view)> grad_sync_;
+  std::function<void(gradient_view, index_t)> grad_final_;
   double base_lr_ = 0.0;
   int micro_ = 0;
   std::int64_t micro_step_ = 0, optimizer_steps_ = 0, epochs_done_ = 0, running_samples_ = 0;
