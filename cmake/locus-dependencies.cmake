@@ -217,6 +217,8 @@ endif()
 #   LOCUS_ENABLE_MPI: AUTO (default: use it when found), ON (required) or OFF.
 # The result is the imported target locus::mpi (MPI's C library, LOCUS_HAS_MPI=1) and,
 # with CUDA, locus::nccl (the toolkit's NCCL, LOCUS_HAS_NCCL=1); locus::dist links them.
+# Without MPI, locus::dist still builds: a world of one (NCCL included), and a program
+# started by a launcher refuses to run.
 if(NOT DEFINED LOCUS_ENABLE_MPI)
   set(LOCUS_ENABLE_MPI AUTO)
 endif()
@@ -234,11 +236,11 @@ if(NOT LOCUS_ENABLE_MPI STREQUAL "OFF" AND NOT TARGET locus::mpi)
     message(FATAL_ERROR "locus: LOCUS_ENABLE_MPI=ON but no MPI was found (Debian: openmpi-bin libopenmpi-dev), "
                         "or configure with -DLOCUS_ENABLE_MPI=OFF")
   else()
-    message(STATUS "locus: MPI not found; locus::dist (data-parallel training) is unavailable "
+    message(STATUS "locus: MPI not found; locus::dist runs a world of one only "
                    "(Debian: openmpi-bin libopenmpi-dev)")
   endif()
 endif()
-if(TARGET locus::mpi AND LOCUS_CUDA_FOUND AND NOT TARGET locus::nccl)
+if(LOCUS_CUDA_FOUND AND NOT TARGET locus::nccl)
   find_library(LOCUS_NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   find_path(LOCUS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   if(LOCUS_NCCL_LIBRARY AND LOCUS_NCCL_INCLUDE_DIR)

@@ -1,6 +1,5 @@
 // expect: error: .*locus: MPI has no sum of bf16 or f16; all_reduce an f32 copy
 // Rule: MPI cannot add bf16 or f16; broadcasting them (bytes) is fine.
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 
 void f(locus::dist::communicator<locus::cpu>& c, locus::tensor<locus::bf16, locus::cpu, 1>& t) {

@@ -1,6 +1,5 @@
 // expect: error: .*locus: a collective's destination is a const tensor \(std::as_const\(t\), or a const& parameter\), and the collective writes into it
 // Rule: all_reduce writes in place; a const tensor is not a destination.
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 #include <utility>
 

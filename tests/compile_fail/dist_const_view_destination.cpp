@@ -1,6 +1,5 @@
 // expect: error: .*locus: a collective's destination is a view of const elements, and the collective writes into it
 // Rule: broadcast writes into its argument; a view of const elements is read-only.
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 #include <utility>
 

@@ -1,6 +1,5 @@
 // expect: error: .*locus: communicator<cpu> \(MPI\) got a cuda tensor; reduce cuda tensors with locus::dist::communicator<locus::cuda> \(NCCL\)
 // Rule: a communicator takes tensors of its own device only (MPI never reads device pointers).
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 
 void f(locus::dist::communicator<locus::cpu>& c, locus::tensor<float, locus::cuda, 1>& d,

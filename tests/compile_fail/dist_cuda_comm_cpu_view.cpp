@@ -1,6 +1,5 @@
 // expect: error: .*locus: communicator<cuda> \(NCCL\) got a cpu tensor; reduce host tensors with locus::dist::communicator<locus::cpu> \(MPI\)
 // Rule: NCCL takes device memory only; a host view into communicator<cuda> does not compile.
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 
 void f(locus::dist::communicator<locus::cuda>& c, locus::tensor<float, locus::cuda, 2>& d,

@@ -1,6 +1,5 @@
 // expect: error: .*locus: a collective's destination is a temporary tensor, so its result would be lost
 // Rule: reducing into a temporary tensor loses the result; a view of a named tensor is fine.
-#define LOCUS_HAS_MPI 1
 #include <locus/dist/communicator.hpp>
 
 void f(locus::dist::communicator<locus::cpu>& c, locus::tensor<float, locus::cpu, 1>& t) {

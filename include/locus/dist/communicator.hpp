@@ -24,7 +24,13 @@
 //
 // Without a launcher (no mpirun: no OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or PMIX_RANK
 // in the environment) the environment does not initialise MPI at all: a world of one,
-// where every collective is the identity. LOCUS_DIST=mpi forces MPI_Init (a singleton).
+// where every collective on host tensors is the identity (on cuda, NCCL still runs them
+// over its one rank). LOCUS_DIST=mpi forces MPI_Init (a singleton).
+//
+// Built without MPI (LOCUS_HAS_MPI unset: locus::dist where CMake found no MPI, such as a
+// GPU machine without Open MPI), the same code compiles and runs as a world of one, NCCL
+// included; started by a launcher, such a program refuses to run (every rank would train
+// alone).
 //
 // NCCL calls go on locus's current stream (locus::stream_guard), so they are ordered with
 // the kernels and the stream-ordered allocator as any kernel is: a buffer freed after a
@@ -33,10 +39,8 @@
 
 #include "../core/config.hpp"
 
-#if !defined(LOCUS_HAS_MPI) || !LOCUS_HAS_MPI
-#error "locus: <locus/dist.hpp> needs MPI: link the CMake target locus::dist (it finds Open MPI; Debian: openmpi-bin libopenmpi-dev)"
-#endif
-
+#if defined(LOCUS_HAS_MPI) && LOCUS_HAS_MPI
+#define LOCUS_DIST_MPI 1
 // MPI's C API only (Open MPI's and MPICH's C++ bindings are deprecated and warn).
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -45,6 +49,9 @@
 #define MPICH_SKIP_MPICXX 1
 #endif
 #include <mpi.h>
+#else
+#define LOCUS_DIST_MPI 0  // a world of one (see above)
+#endif
 
 #if LOCUS_HAS_CUDA && defined(LOCUS_HAS_NCCL) && LOCUS_HAS_NCCL
 #include <nccl.h>
@@ -91,6 +98,7 @@ struct environment_options {
 
 namespace detail {
 
+#if LOCUS_DIST_MPI
 /// "MPI_Allreduce failed: <the library's text>".
 inline std::string mpi_text(int rc) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -101,6 +109,7 @@ inline std::string mpi_text(int rc) {
 inline void mpi_check(int rc, const char* call) {
   if (rc != MPI_SUCCESS) throw ::locus::error(std::string("locus: ") + call + " failed: " + mpi_text(rc));
 }
+#endif
 
 /// Whether this process was started by an MPI launcher (or LOCUS_DIST=mpi asks for MPI).
 inline bool launched_by_mpi() noexcept {
@@ -192,11 +201,13 @@ class environment {
   explicit environment(const environment_options& o = {}) { start(nullptr, nullptr, o); }
   ~environment() {
     watchdog_.reset();
+#if LOCUS_DIST_MPI
     if (owns_) {
       int done = 0;
       MPI_Finalized(&done);
       if (!done) MPI_Finalize();
     }
+#endif
   }
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
@@ -213,7 +224,9 @@ class environment {
   [[noreturn]] void abort(const std::string& message, int code = 1) const noexcept {
     std::fprintf(stderr, "locus: rank %d of %d: %s\n", rank_, size_, message.c_str());
     std::fflush(stderr);
+#if LOCUS_DIST_MPI
     if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
     std::_Exit(code);
   }
 
@@ -229,6 +242,7 @@ class environment {
         throw value_error(std::string("locus: LOCUS_DIST_TIMEOUT='") + t + "' is not a number of seconds >= 0");
       timeout_ = v;
     }
+#if LOCUS_DIST_MPI
     int inited = 0;
     MPI_Initialized(&inited);
     if (inited || detail::launched_by_mpi()) {
@@ -242,6 +256,15 @@ class environment {
       detail::mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
       detail::mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
     }
+#else
+    (void)argc;
+    (void)argv;
+    if (detail::launched_by_mpi() && !(std::getenv("LOCUS_DIST") && std::strcmp(std::getenv("LOCUS_DIST"), "none") == 0))
+      throw ::locus::error(
+          "locus: this process was started by an MPI launcher, but the program was built without MPI (locus::dist "
+          "found none), so every rank would train alone; build where MPI is found (Debian: openmpi-bin "
+          "libopenmpi-dev), or run it without the launcher");
+#endif
     if (size_ > 1) watchdog_ = std::make_unique<detail::watchdog>(timeout_, rank_);
   }
 
@@ -281,22 +304,30 @@ struct mpi_type {
 template <>
 struct mpi_type<float> {
   static constexpr bool reducible = true;
+#if LOCUS_DIST_MPI
   static MPI_Datatype get() { return MPI_FLOAT; }
+#endif
 };
 template <>
 struct mpi_type<double> {
   static constexpr bool reducible = true;
+#if LOCUS_DIST_MPI
   static MPI_Datatype get() { return MPI_DOUBLE; }
+#endif
 };
 template <>
 struct mpi_type<std::int32_t> {
   static constexpr bool reducible = true;
+#if LOCUS_DIST_MPI
   static MPI_Datatype get() { return MPI_INT32_T; }
+#endif
 };
 template <>
 struct mpi_type<std::int64_t> {
   static constexpr bool reducible = true;
+#if LOCUS_DIST_MPI
   static MPI_Datatype get() { return MPI_INT64_T; }
+#endif
 };
 
 #if LOCUS_DIST_NCCL
@@ -409,18 +440,23 @@ class communicator {
   using device = D;
 
   explicit communicator(const environment& env) : env_(&env), rank_(env.rank()), size_(env.world_size()) {
+#if LOCUS_DIST_MPI
     if (env.uses_mpi()) {
       detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
       MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     }
+#endif
     if constexpr (nccl) {
 #if LOCUS_DIST_NCCL
-      if (size_ > 1) {
-        ncclUniqueId id;
-        if (rank_ == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      // Also for a world of one: the collectives then run through NCCL over its one rank
+      // (the same calls, streams and error paths as on many).
+      ncclUniqueId id;
+      if (rank_ == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+#if LOCUS_DIST_MPI
+      if (size_ > 1)
         detail::mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_), "MPI_Bcast (the NCCL unique id)");
-        detail::nccl_check(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
-      }
+#endif
+      detail::nccl_check(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
 #else
       static_assert(locus::detail::always_false<D>,
                     "locus: communicator<cuda> needs NCCL: configure with CUDA and NCCL found (the toolkit's nccl.h and "
@@ -434,11 +470,13 @@ class communicator {
       if (nccl_) ncclCommDestroy(nccl_);
     }
 #endif
+#if LOCUS_DIST_MPI
     if (comm_ != MPI_COMM_NULL) {
       int done = 0;
       MPI_Finalized(&done);
       if (!done) MPI_Comm_free(&comm_);
     }
+#endif
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -459,7 +497,7 @@ class communicator {
                   detail::require_writable_destination<X>("all_reduce") &&
                   detail::require_reducible<T, nccl>()) {
       auto v = locus::detail::as_view(x);
-      if (size_ == 1) return;
+      if (size_ == 1 && !nccl) return;
       agree_on_count("all_reduce", static_cast<std::int64_t>(v.numel()));
       with_contiguous(v, [&](T* p, std::size_t n) { reduce_raw(p, n, op); });
     }
@@ -475,7 +513,7 @@ class communicator {
                   detail::require_writable_destination<X>("broadcast")) {
       check_root(root);
       auto v = locus::detail::as_view(x);
-      if (size_ == 1) return;
+      if (size_ == 1 && !nccl) return;
       agree_on_count("broadcast", static_cast<std::int64_t>(v.numel()));
       with_contiguous(v, [&](T* p, std::size_t n) { broadcast_raw(p, n, root); });
     }
@@ -506,7 +544,7 @@ class communicator {
         throw shape_error("locus: all_gather of " + locus::detail::shape_string(iv.shape()) + " over " +
                           std::to_string(size_) + " ranks needs an output of " + locus::detail::shape_string(want) +
                           ", got " + locus::detail::shape_string(ov.shape()));
-      if (size_ == 1) {
+      if (size_ == 1 && !nccl) {
         copy(iv, ov);
         return;
       }
@@ -523,12 +561,13 @@ class communicator {
   template <class T>
   void all_reduce_start(const tensor_view<T, D, 1>& x, reduce_op op = reduce_op::sum) {
     static_assert(detail::require_reducible<T, nccl>());
-    if (size_ == 1 || x.numel() == 0) return;
+    if ((size_ == 1 && !nccl) || x.numel() == 0) return;
     if (!x.is_contiguous()) throw value_error("locus: all_reduce_start needs a contiguous view");
     const auto n = static_cast<std::size_t>(x.numel());
     if constexpr (nccl) {
       reduce_raw(x.data_handle(), n, op);
     } else {
+#if LOCUS_DIST_MPI
       if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
         throw value_error("locus: all_reduce_start of more than 2^31 - 1 elements");
       MPI_Request r;
@@ -548,19 +587,23 @@ class communicator {
           }
         });
       }
+#endif
     }
   }
   /// Lets started reductions move on (MPI progresses them only inside its calls).
   void progress() {
+#if LOCUS_DIST_MPI
     if constexpr (!nccl) {
       if (pending_.empty()) return;
       int done = 0;
       detail::mpi_check(MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
                         "MPI_Testall");
     }
+#endif
   }
   /// Completes every reduction all_reduce_start began.
   void wait() {
+#if LOCUS_DIST_MPI
     if constexpr (!nccl) {
       if (pending_.empty()) return;
       {
@@ -572,6 +615,7 @@ class communicator {
       for (auto& f : finish_) f();
       finish_.clear();
     }
+#endif
   }
 
   /// Waits until every rank is here (cuda: also until this rank's current stream is done).
@@ -582,21 +626,29 @@ class communicator {
       LOCUS_CUDA_CHECK(cudaStreamSynchronize(locus::detail::current_stream()));
 #endif
     }
+#if LOCUS_DIST_MPI
     detail::timed w(env_->watchdog(), "barrier");
     detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier");
+#endif
   }
 
   /// A host number combined over the ranks (metrics, counters): the sum, min or max.
-  [[nodiscard]] double sum(double v) const { return host_reduce(v, MPI_SUM, "sum"); }
-  [[nodiscard]] double min(double v) const { return host_reduce(v, MPI_MIN, "min"); }
-  [[nodiscard]] double max(double v) const { return host_reduce(v, MPI_MAX, "max"); }
+  [[nodiscard]] double sum(double v) const { return host_reduce(v, 0, "sum"); }
+  [[nodiscard]] double min(double v) const { return host_reduce(v, 1, "min"); }
+  [[nodiscard]] double max(double v) const { return host_reduce(v, 2, "max"); }
 
  private:
-  double host_reduce(double v, MPI_Op op, const char* what) const {
+  double host_reduce(double v, int which, const char* what) const {
     if (size_ == 1) return v;
-    double out = 0;
+    double out = v;
+#if LOCUS_DIST_MPI
+    const MPI_Op op = which == 0 ? MPI_SUM : which == 1 ? MPI_MIN : MPI_MAX;
     detail::timed w(env_->watchdog(), what);
     detail::mpi_check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, op, comm_), "MPI_Allreduce (a host value)");
+#else
+    (void)which;
+    (void)what;
+#endif
     return out;
   }
 
@@ -609,11 +661,16 @@ class communicator {
   /// Every rank learns whether all passed the same count; a mismatch is a shape_error on
   /// every rank (so none waits in the collective that would follow).
   void agree_on_count(const char* what, std::int64_t n) const {
-    std::int64_t mm[2] = {n, -n}, out[2] = {0, 0};
+    if (size_ == 1) return;
+    std::int64_t mm[2] = {n, -n}, out[2] = {n, -n};
+#if LOCUS_DIST_MPI
     {
       detail::timed w(env_->watchdog(), what);
       detail::mpi_check(MPI_Allreduce(mm, out, 2, MPI_INT64_T, MPI_MIN, comm_), "MPI_Allreduce (element counts)");
     }
+#else
+    (void)mm;
+#endif
     if (out[0] != -out[1])
       throw shape_error(std::string("locus: ") + what + " over " + std::to_string(size_) +
                         " ranks got different element counts (from " + std::to_string(out[0]) + " to " +
@@ -643,6 +700,7 @@ class communicator {
                          "ncclAllReduce");
 #endif
     } else {
+#if LOCUS_DIST_MPI
       detail::timed w(env_->watchdog(), "all_reduce");
       for (std::size_t off = 0; off < n;) {  // MPI counts are int
         const std::size_t c = n - off < chunk ? n - off : chunk;
@@ -659,6 +717,9 @@ class communicator {
           for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(size_);
         }
       }
+#else
+      (void)p, (void)n, (void)op;  // a world of one: reached only with size 1, never called
+#endif
     }
   }
 
@@ -671,6 +732,7 @@ class communicator {
                          "ncclBroadcast");
 #endif
     } else {
+#if LOCUS_DIST_MPI
       detail::timed w(env_->watchdog(), "broadcast");
       auto* b = reinterpret_cast<unsigned char*>(p);
       for (std::size_t off = 0; off < bytes;) {
@@ -678,6 +740,9 @@ class communicator {
         detail::mpi_check(MPI_Bcast(b + off, static_cast<int>(c), MPI_BYTE, root, comm_), "MPI_Bcast");
         off += c;
       }
+#else
+      (void)p, (void)bytes, (void)root;
+#endif
     }
   }
 
@@ -690,12 +755,16 @@ class communicator {
                          "ncclAllGather");
 #endif
     } else {
+#if LOCUS_DIST_MPI
       if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
         throw value_error("locus: all_gather of more than 2^31 - 1 bytes per rank over MPI");
       detail::timed w(env_->watchdog(), "all_gather");
       detail::mpi_check(MPI_Allgather(src, static_cast<int>(bytes), MPI_BYTE, dst, static_cast<int>(bytes), MPI_BYTE,
                                       comm_),
                         "MPI_Allgather");
+#else
+      (void)src, (void)dst, (void)bytes;
+#endif
     }
   }
 
@@ -703,9 +772,11 @@ class communicator {
 
   const environment* env_;
   int rank_ = 0, size_ = 1;
+#if LOCUS_DIST_MPI
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Request> pending_;         // all_reduce_start's, until wait()
   std::vector<std::function<void()>> finish_;  // their averaging, after wait()
+#endif
 #if LOCUS_DIST_NCCL
   ncclComm_t nccl_ = nullptr;
 #endif
