@@ -303,7 +303,9 @@ int run(const config& c) {
                                                       {"accumulate", std::to_string(c.accumulate)},
                                                       {"lr", lr_text},
                                                       {"seed", std::to_string(c.seed)},
-                                                      {"hidden", hidden_text}};
+                                                      {"hidden", hidden_text},
+                                                      // the steps per epoch (and the schedule) follow the ranks
+                                                      {"ranks", std::to_string(world)}};
     std::int64_t first_epoch = 0;
     if (c.resume) {
       std::string file = c.resume_file;
@@ -440,7 +442,15 @@ int job(const config& c) {
   const std::string precision = !c.precision.empty() ? c.precision : (use_cuda ? "bf16" : "fp32");
   std::printf("\ntraining on %s in %s\n", use_cuda ? "cuda" : "cpu", precision.c_str());
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
-  if (use_cuda) return run_device<locus::cuda>(c, precision);
+  if (use_cuda) {
+#if LOCUS_HAS_MPI
+    // several ranks on a node: one GPU each (before any cuda work of this rank)
+    int gpus = 0;
+    if (g_env && g_env->local_size() > 1 && cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 1)
+      LOCUS_CUDA_CHECK(cudaSetDevice(g_env->local_rank() % gpus));
+#endif
+    return run_device<locus::cuda>(c, precision);
+  }
 #endif
   return run_device<locus::cpu>(c, precision);
 }

@@ -1,11 +1,13 @@
 # Runs locus_dist_tests under mpirun with LOCUS_DIST_TEST_FAIL=MODE (rank 1 fails at its
-# third training step: throw an exception, die, or hang) and checks that the job ended
+# third training step: throw an exception, die, hang, or return a non-zero status) and checks that the job ended
 # with a non-zero status and the expected message, well within the test's timeout.
 #   cmake -DMODE=throw|die|hang -DMPIRUN="mpirun;-np;2;..." -DEXE=... -P expect_failure.cmake
 if(MODE STREQUAL "throw")
   set(_expect "locus: rank 1 of 2: locus: test: rank 1 could not read its shard")
 elseif(MODE STREQUAL "die")
   set(_expect "exited|non-zero status|Exit code")
+elseif(MODE STREQUAL "return")
+  set(_expect "locus: rank 1 of 2: returned 5")
 elseif(MODE STREQUAL "hang")
   set(_expect "locus: rank 0: all_reduce waited more than 3 s")
 else()

@@ -250,6 +250,83 @@ TEST_CASE("data_parallel: buckets reduced during backward give the bits of one a
   CHECK(one.buckets() == 0);
 }
 
+namespace {
+bool g_backward_throws = false;
+/// relu whose backward runs out of memory on demand (a layer failing mid-backward).
+template <class D, class Pol>
+struct failing_relu : nn::relu<D, Pol> {
+  using view = typename nn::relu<D, Pol>::view;
+  view backward(const view& gy, bool b = true) {
+    if (g_backward_throws) throw locus::out_of_memory("cpu", 1 << 20, 0, 0, 0, "test: backward ran out of memory");
+    return nn::relu<D, Pol>::backward(gy, b);
+  }
+};
+}  // namespace
+
+TEST_CASE("data_parallel: an epoch whose last optimizer step is a flush of fewer micro-batches still averages") {
+  auto& c = world();
+  const int r = c.rank();
+  task data = make_task(48, 60 + static_cast<std::uint64_t>(r));  // 3 batches of 16: 2 steps with accumulate 2
+  locus::data::tensor_dataset set(std::move(data.x), std::move(data.y));
+  locus::data::loader<cpu, locus::data::tensor_dataset> batches(set, {.batch_size = 16});
+  auto m = make_model(12);
+  locus::optim::adamw<cpu> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, nn::cross_entropy{}, {.accumulate = 2});
+  dist::data_parallel dp(c, t);
+  dp.train_epoch(batches);
+  CHECK(t.optimizer_steps() == 2);
+  CHECK(dp.syncs() == 2);  // the flush too
+  CHECK(bit_identical_across_ranks(std::as_const(m.parameters()).master()));
+}
+
+TEST_CASE("data_parallel: a backward that fails on every rank leaves buckets and weights as one all-reduce does") {
+  auto& c = world();
+  const int r = c.rank();
+  const task data = make_task(64, 11 + static_cast<std::uint64_t>(r));
+  auto mk = [] {
+    nn::sequential m(nn::linear<cpu, P>(20, 32), nn::relu<cpu, P>(), failing_relu<cpu, P>(), nn::linear<cpu, P>(32, 5));
+    m.reset_parameters(1);
+    return m;
+  };
+  auto a = mk(), b = mk();
+  locus::optim::sgd<cpu> oa(a.parameters(), {.lr = 0.1}), ob(b.parameters(), {.lr = 0.1});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{}), tb(b, ob, nn::cross_entropy{});
+  dist::data_parallel one(c, ta), bk(c, tb, {.bucket_bytes = 1});
+  int caught = 0;
+  for (index_t s = 0; s < 4; ++s) {
+    g_backward_throws = s == 1;  // after the last layer's bucket started
+    const auto x = data.x.slice(16 * s, 16 * s + 16);
+    const auto y = data.y.slice(16 * s, 16 * s + 16);
+    try {
+      ta.step(x, y);
+    } catch (const locus::out_of_memory&) {
+      ++caught;
+    }
+    try {
+      tb.step(x, y);
+    } catch (const locus::out_of_memory&) {
+      ++caught;
+    }
+  }
+  g_backward_throws = false;
+  CHECK(caught == 2);
+  const auto wa = locus::to<cpu>(std::as_const(a.parameters()).master());
+  const auto wb = locus::to<cpu>(std::as_const(b.parameters()).master());
+  CHECK(std::memcmp(wa.data_handle(), wb.data_handle(), wa.size_bytes()) == 0);
+  CHECK(bit_identical_across_ranks(std::as_const(b.parameters()).master()));
+}
+
+TEST_CASE("dist: ranks that disagree on a broadcast's root or on all_gather's output all throw, none waits") {
+  auto& c = world();
+  auto t = locus::zeros<float, cpu>({3});
+  CHECK_THROWS_AS(c.broadcast(t, c.rank()), locus::value_error);
+  auto part = locus::zeros<float, cpu>({2});
+  auto out = locus::zeros<float, cpu>({c.rank() == 0 ? 4 : 3});  // rank 1's is wrong
+  CHECK_THROWS_AS(c.all_gather(part, out), locus::shape_error);
+  c.all_reduce(t);  // the next collective still pairs up
+  c.barrier();
+}
+
 TEST_CASE("data_parallel: gradient accumulation communicates only on the optimizer step") {
   auto& c = world();
   const task data = make_task(64, 5 + static_cast<std::uint64_t>(c.rank()));  // each rank its own data
@@ -464,6 +541,7 @@ int main(int argc, char** argv) {
           if (mode == "throw") throw locus::io_error("locus: test: rank 1 could not read its shard");
           if (mode == "die") std::_Exit(3);
           if (mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
+          if (mode == "return") return 5;  // gives up without an exception
         }
         t.step(data.x.slice(0, 16), data.y.slice(0, 16));
       }

@@ -354,6 +354,48 @@ TEST_CASE_TEMPLATE("parameters: discard_grad defers the zeros: a backward stores
   CHECK(bad == 0);
 }
 
+TEST_CASE_TEMPLATE("training: on host devices the trainer discards gradients between steps and the next backward "
+                   "overwrites them (no memset)",
+                   D, LOCUS_TEST_DEVICES) {
+  if constexpr (D::host_accessible) {
+    using P = locus::amp::fp32;
+    namespace nn = locus::nn;
+    auto make = [] {
+      nn::sequential m(nn::linear<D, P>(12, 16), nn::relu<D, P>(), nn::linear<D, P>(16, 4));
+      m.reset_parameters(8);
+      return m;
+    };
+    auto a = make(), b = make();
+    locus::optim::adamw<D> oa(a.parameters(), {.lr = 1e-2}), ob(b.parameters(), {.lr = 1e-2});
+    locus::train::trainer ta(a, oa, nn::cross_entropy{}), tb(b, ob, nn::cross_entropy{});
+    const auto x = locus::randn<float, D>({16, 12}, 3);
+    auto yh = locus::zeros<std::int64_t, locus::cpu>({16});
+    for (index_t i = 0; i < 16; ++i) yh(i) = i % 4;
+    const auto y = locus::to<D>(yh);
+    for (int s = 0; s < 3; ++s) {
+      ta.step(x, y);
+      tb.step(x, y);
+      auto& st = b.parameters();
+      for (std::size_t i = 0; i < st.count(); ++i) CHECK(st.grad_discarded(i));  // no memset happened
+      // b's stale gradient bytes become NaN: the next step must overwrite, not add or read
+      // them (the parameters' elements: the alignment padding between them stays zero)
+      auto g = st.grad_unsettled();
+      for (const auto& e : st.entries())
+        for (index_t i = e.offset; i < e.offset + e.numel; ++i)
+          g.data_handle()[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    ta.step(x, y);
+    tb.step(x, y);
+    ta.flush();
+    tb.flush();
+    const auto wa = locus_train_test::host_values(std::as_const(a.parameters()).master());
+    const auto wb = locus_train_test::host_values(std::as_const(b.parameters()).master());
+    bool same = wa.size() == wb.size();
+    for (std::size_t i = 0; same && i < wa.size(); ++i) same = wa[i] == wb[i];
+    CHECK(same);
+  }
+}
+
 TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step then backs off and grows", D,
                    LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp16_mixed;

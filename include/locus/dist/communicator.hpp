@@ -86,7 +86,8 @@
 
 namespace locus::dist {
 
-/// What all_reduce combines: the sum, or the sum divided by world_size (the mean).
+/// What all_reduce combines: the sum, or the sum divided by world_size (the mean; for
+/// integer dtypes the sum, which must fit the dtype, divided and truncated).
 enum class reduce_op { sum, average };
 
 struct environment_options {
@@ -200,20 +201,28 @@ class environment {
   environment(int& argc, char**& argv, const environment_options& o = {}) { start(&argc, &argv, o); }
   explicit environment(const environment_options& o = {}) { start(nullptr, nullptr, o); }
   ~environment() {
-    watchdog_.reset();
 #if LOCUS_DIST_MPI
     if (owns_) {
       int done = 0;
       MPI_Finalized(&done);
-      if (!done) MPI_Finalize();
+      if (!done) {
+        detail::timed w(watchdog_.get(), "MPI_Finalize");  // waits for the other ranks too
+        MPI_Finalize();
+      }
     }
 #endif
+    watchdog_.reset();
   }
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return size_; }
+  /// This rank's place among the ranks on its machine (MPI_Comm_split_type, shared
+  /// memory), and how many there are: what picks a rank's GPU on a multi-GPU node,
+  /// e.g. cudaSetDevice(local_rank() % device_count) before any cuda work.
+  [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
+  [[nodiscard]] int local_size() const noexcept { return local_size_; }
   /// Whether MPI is initialised (false: a world of one without MPI).
   [[nodiscard]] bool uses_mpi() const noexcept { return mpi_; }
   [[nodiscard]] bool is_root() const noexcept { return rank_ == 0; }
@@ -252,24 +261,30 @@ class environment {
         owns_ = true;
       }
       mpi_ = true;
-      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      if (owns_) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // a caller's MPI keeps its own
       detail::mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
       detail::mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+      MPI_Comm node = MPI_COMM_NULL;
+      detail::mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                        "MPI_Comm_split_type");
+      detail::mpi_check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank (node)");
+      detail::mpi_check(MPI_Comm_size(node, &local_size_), "MPI_Comm_size (node)");
+      MPI_Comm_free(&node);
     }
 #else
     (void)argc;
     (void)argv;
-    if (detail::launched_by_mpi() && !(std::getenv("LOCUS_DIST") && std::strcmp(std::getenv("LOCUS_DIST"), "none") == 0))
+    if (detail::launched_by_mpi())
       throw ::locus::error(
-          "locus: this process was started by an MPI launcher, but the program was built without MPI (locus::dist "
-          "found none), so every rank would train alone; build where MPI is found (Debian: openmpi-bin "
-          "libopenmpi-dev), or run it without the launcher");
+          "locus: this program was built without MPI (locus::dist found none), but MPI was asked for: it was started "
+          "by an MPI launcher (every rank would train alone) or LOCUS_DIST=mpi is set; build where MPI is found "
+          "(Debian: openmpi-bin libopenmpi-dev), or run it as one process");
 #endif
     if (size_ > 1) watchdog_ = std::make_unique<detail::watchdog>(timeout_, rank_);
   }
 
   bool owns_ = false, mpi_ = false;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   double timeout_ = 600.0;
   std::unique_ptr<detail::watchdog> watchdog_;
 };
@@ -287,7 +302,11 @@ int run(int& argc, char**& argv, F&& body, const environment_options& o = {}) {
     return 1;
   }
   try {
-    return body(*env);
+    const int rc = body(*env);
+    // A rank that gives up without an exception would leave the others waiting in their
+    // next collective (or in MPI_Finalize): end the job.
+    if (rc != 0 && env->world_size() > 1) env->abort("returned " + std::to_string(rc), rc);
+    return rc;
   } catch (const std::exception& e) {
     if (env->world_size() > 1) env->abort(e.what());
     std::fprintf(stderr, "%s\n", e.what());
@@ -442,6 +461,7 @@ class communicator {
   explicit communicator(const environment& env) : env_(&env), rank_(env.rank()), size_(env.world_size()) {
 #if LOCUS_DIST_MPI
     if (env.uses_mpi()) {
+      detail::timed w(env.watchdog(), "MPI_Comm_dup (making a communicator)");
       detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
       MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     }
@@ -514,7 +534,7 @@ class communicator {
       check_root(root);
       auto v = locus::detail::as_view(x);
       if (size_ == 1 && !nccl) return;
-      agree_on_count("broadcast", static_cast<std::int64_t>(v.numel()));
+      agree_on_count("broadcast", static_cast<std::int64_t>(v.numel()), root);
       with_contiguous(v, [&](T* p, std::size_t n) { broadcast_raw(p, n, root); });
     }
   }
@@ -540,7 +560,10 @@ class communicator {
       auto ov = locus::detail::as_view(out);
       auto want = iv.shape();
       want[0] *= size_;
-      if (ov.shape() != want)
+      const bool shape_ok = ov.shape() == want;
+      // every rank learns whether every output fits before any waits in the gather
+      if (!(size_ == 1 && !nccl)) agree_on_count("all_gather", static_cast<std::int64_t>(iv.numel()), 0, shape_ok);
+      if (!shape_ok)
         throw shape_error("locus: all_gather of " + locus::detail::shape_string(iv.shape()) + " over " +
                           std::to_string(size_) + " ranks needs an output of " + locus::detail::shape_string(want) +
                           ", got " + locus::detail::shape_string(ov.shape()));
@@ -548,7 +571,6 @@ class communicator {
         copy(iv, ov);
         return;
       }
-      agree_on_count("all_gather", static_cast<std::int64_t>(iv.numel()));
       const auto src = to<D>(iv);  // contiguous
       with_contiguous(ov, [&](T* p, std::size_t n) { gather_raw(src.data_handle(), p, n / static_cast<std::size_t>(size_)); });
     }
@@ -601,8 +623,9 @@ class communicator {
     }
 #endif
   }
-  /// Completes every reduction all_reduce_start began.
-  void wait() {
+  /// Completes every reduction all_reduce_start began (apply = false: without their
+  /// averaging, when the result is dropped anyway).
+  void wait(bool apply = true) {
 #if LOCUS_DIST_MPI
     if constexpr (!nccl) {
       if (pending_.empty()) return;
@@ -612,7 +635,8 @@ class communicator {
                           "MPI_Waitall");
       }
       pending_.clear();
-      for (auto& f : finish_) f();
+      if (apply)
+        for (auto& f : finish_) f();
       finish_.clear();
     }
 #endif
@@ -660,17 +684,26 @@ class communicator {
 
   /// Every rank learns whether all passed the same count; a mismatch is a shape_error on
   /// every rank (so none waits in the collective that would follow).
-  void agree_on_count(const char* what, std::int64_t n) const {
+  /// ... and on the root (broadcast) and on every rank's own argument check (`ok`): a
+  /// rank whose check failed makes the others throw too, instead of leaving them waiting.
+  void agree_on_count(const char* what, std::int64_t n, int root = 0, bool ok = true) const {
     if (size_ == 1) return;
-    std::int64_t mm[2] = {n, -n}, out[2] = {n, -n};
+    std::int64_t mm[5] = {n, -n, root, -root, ok ? 1 : 0}, out[5] = {n, -n, root, -root, ok ? 1 : 0};
 #if LOCUS_DIST_MPI
     {
       detail::timed w(env_->watchdog(), what);
-      detail::mpi_check(MPI_Allreduce(mm, out, 2, MPI_INT64_T, MPI_MIN, comm_), "MPI_Allreduce (element counts)");
+      detail::mpi_check(MPI_Allreduce(mm, out, 5, MPI_INT64_T, MPI_MIN, comm_), "MPI_Allreduce (element counts)");
     }
 #else
     (void)mm;
 #endif
+    if (out[4] == 0 && ok)
+      throw shape_error(std::string("locus: ") + what + ": another rank's arguments were refused (its error says why)");
+    if (out[2] != -out[3])
+      throw value_error(std::string("locus: ") + what + " over " + std::to_string(size_) +
+                        " ranks got different roots (from " + std::to_string(out[2]) + " to " +
+                        std::to_string(-out[3]) + "; this rank: " + std::to_string(root) +
+                        "); every rank passes the same root");
     if (out[0] != -out[1])
       throw shape_error(std::string("locus: ") + what + " over " + std::to_string(size_) +
                         " ranks got different element counts (from " + std::to_string(out[0]) + " to " +

@@ -54,25 +54,38 @@ struct data_parallel_options {
 
 template <class Trainer>
 class data_parallel {
+  static constexpr bool has_final_hook =
+      requires(Trainer& t) { t.set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); };
+
  public:
   using device = typename Trainer::device;
 
   data_parallel(communicator<device>& comm, Trainer& t, const data_parallel_options& o = {})
       : comm_(&comm), t_(&t), o_(o) {
-    broadcast_parameters();
-    t_->set_gradient_sync([this](typename Trainer::gradient_view g) { sync(g); });
-    if (o_.bucket_bytes > 0) {
-      if constexpr (requires { t_->set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); })
-        t_->set_gradients_final([this](typename Trainer::gradient_view g, index_t first) { bucket(g, first); });
-      else
+    if constexpr (!has_final_hook) {
+      if (o_.bucket_bytes > 0)
         throw value_error("locus: data_parallel buckets need a model that reports its gradients during backward "
                           "(nn::sequential does)");
+    }
+    broadcast_parameters();
+    // the hooks last: nothing below throws, so no hook outlives a failed construction
+    t_->set_gradient_sync([this](typename Trainer::gradient_view g) { sync(g); });
+    if constexpr (has_final_hook) {
+      if (o_.bucket_bytes > 0)
+        t_->set_gradients_final([this](typename Trainer::gradient_view g, index_t first) { bucket(g, first); });
     }
   }
   ~data_parallel() {
     t_->set_gradient_sync({});
-    if constexpr (requires { t_->set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); })
+    if constexpr (has_final_hook) {
       if (o_.bucket_bytes > 0) t_->set_gradients_final({});
+    }
+    if (pending_end_ >= 0) {  // buckets still in flight (a step that never finished)
+      try {
+        comm_->wait(false);
+      } catch (...) {
+      }
+    }
   }
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
@@ -169,6 +182,11 @@ class data_parallel {
   /// big enough.
   void bucket(typename Trainer::gradient_view g, index_t first) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (first < 0) {  // backward failed: complete what was started, without averaging
+      if (pending_end_ >= 0) comm_->wait(false);
+      pending_end_ = -1;
+      return;
+    }
     if (pending_end_ < 0) pending_end_ = g.numel();
     const auto bytes = static_cast<std::size_t>(pending_end_ - first) * sizeof(typename Trainer::gradient_view::value_type);
     if (bytes >= o_.bucket_bytes) {

@@ -138,6 +138,13 @@ class parameter_store {
     return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
   }
 
+  /// Whether parameter i's gradient is discarded: it counts as zero and the next backward
+  /// overwrites it (discard_grad).
+  [[nodiscard]] bool grad_discarded(std::size_t i) const noexcept {
+    return any_discarded_ && i < discarded_.size() && discarded_[i] != 0;
+  }
+  /// Where the flat gradient buffer lives (no settling: for identity checks).
+  [[nodiscard]] const master_type* grad_address() const noexcept { return grad_.data_handle(); }
   /// The flat gradient buffer as it is, discarded gradients not zeroed (for code that
   /// reads only gradients a backward has just written: data-parallel buckets).
   [[nodiscard]] tensor_view<master_type, D, 1> grad_unsettled() noexcept { return grad_.view(); }

@@ -348,7 +348,7 @@ class optimizer_base {
       return false;
     } else {
       return static_cast<const void*>(params_.p) == static_cast<const void*>(store.master().data_handle()) &&
-             static_cast<const void*>(params_.g) == static_cast<const void*>(store.grad().data_handle()) &&
+             static_cast<const void*>(params_.g) == static_cast<const void*>(store.grad_address()) &&
              params_.n == store.size();
     }
   }

@@ -296,6 +296,9 @@ class trainer {
       if (graph_) graph_->begin(on_graph_stream);
     }
 #endif
+    // An optimizer step like any other: the gradient sync first (data-parallel ranks
+    // average what they accumulated).
+    if (grad_sync_) grad_sync_(model_->parameters().grad());
     if (fused()) fused_update(nullptr, A(0), nullptr, nullptr, micro_step_ - 1, window_first_);
     else optimizer_step(micro_step_ - 1);
     micro_ = 0;
@@ -414,7 +417,9 @@ class trainer {
   /// layer's gradients are final: f(gradients, offset), every gradient from `offset` to
   /// the end of the flat buffer is final (the model must have set_gradients_final, as
   /// nn::sequential does). Where buckets of the all-reduce start; the gradient sync
-  /// above still runs after backward.
+  /// above still runs after backward. When backward throws, f(gradients, -1) runs before
+  /// the exception leaves the trainer (finish or drop what was started: the trainer
+  /// then zeroes the gradients).
   void set_gradients_final(std::function<void(gradient_view, index_t)> f)
     requires requires(Model& m) { m.set_gradients_final(std::function<void(index_t)>{}); }
   {
@@ -640,6 +645,7 @@ class trainer {
           model_->backward(loss_.grad());
         } catch (...) {
           model_->set_gradients_final({});
+          grad_final_(store.grad_unsettled(), -1);  // -1: backward failed, finish what was started
           throw;
         }
         model_->set_gradients_final({});
