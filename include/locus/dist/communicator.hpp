@@ -582,7 +582,9 @@ class communicator {
   /// the same reductions in the same order.
   template <class T>
   void all_reduce_start(const tensor_view<T, D, 1>& x, reduce_op op = reduce_op::sum) {
-    static_assert(detail::require_reducible<T, nccl>());
+    static_assert(!std::is_const_v<T>, "locus: all_reduce_start writes into its view, and this one is of const "
+                                       "elements; pass a mutable tensor_view");
+    static_assert(std::is_const_v<T> || detail::require_reducible<T, nccl>());
     if ((size_ == 1 && !nccl) || x.numel() == 0) return;
     if (!x.is_contiguous()) throw value_error("locus: all_reduce_start needs a contiguous view");
     const auto n = static_cast<std::size_t>(x.numel());
