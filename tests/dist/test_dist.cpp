@@ -149,6 +149,22 @@ TEST_CASE("dist: all_reduce sum and average of f32, f64, i32, i64; strided views
   CHECK(std::isinf(nanv(1)));
 }
 
+#if LOCUS_HAS_CUDA
+TEST_CASE("dist: communicator<pinned> reduces, broadcasts and gathers pinned tensors (MPI on host memory)") {
+  dist::communicator<locus::pinned> c(*g_env);
+  const int r = c.rank();
+  auto t = locus::full<float, locus::pinned>({5}, static_cast<float>(r + 1));
+  c.all_reduce(t, dist::reduce_op::average);
+  for (index_t i = 0; i < 5; ++i) CHECK(t(i) == 1.5f);
+  auto b = locus::full<std::int64_t, locus::pinned>({2}, 10 * r);
+  c.broadcast(b, 1);
+  CHECK(b(0) == 10);
+  auto whole = locus::zeros<float, locus::pinned>({10});
+  c.all_gather(t, whole);
+  CHECK(whole(9) == 1.5f);
+}
+#endif
+
 TEST_CASE("dist: different element counts are a shape_error on every rank, and the next collective still pairs up") {
   auto& c = world();
   auto t = locus::zeros<float, cpu>({c.rank() == 0 ? 4 : 5});
