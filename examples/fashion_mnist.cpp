@@ -181,23 +181,6 @@ config parse(int argc, char** argv) {
 
 std::string bytes(std::size_t b) { return locus::out_of_memory::format_bytes(b); }
 
-/// A progress bar on a terminal, nothing otherwise (the epoch line follows either way).
-struct progress_printer {
-  bool tty = ::isatty(1) != 0;
-  int world = 1;  // ranks: the job's rate is about world times rank 0's
-  void operator()(const locus::train::progress& p) const {
-    if (!tty || p.batches <= 0) return;
-    const int width = 30;
-    const int filled = static_cast<int>(width * p.batch / p.batches);
-    std::string bar(static_cast<std::size_t>(filled), '#');
-    bar.resize(width, '.');
-    std::printf("\r  epoch %lld [%s] %lld/%lld  loss %.4f  %.0f samples/s ", static_cast<long long>(p.epoch + 1),
-                bar.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.batches), p.loss,
-                p.samples_per_s * world);
-    std::fflush(stdout);
-  }
-};
-
 template <class D, class P>
 int run(const config& c) {
   namespace nn = locus::nn;
@@ -364,12 +347,12 @@ int run(const config& c) {
                 static_cast<long long>(model.parameters().parameter_count()), std::string(P::name).c_str(),
                 std::string(D::name).c_str(), static_cast<long long>(batch), c.accumulate, c.epochs);
     locus::train::metrics ev;
-    progress_printer bar;
-    bar.world = world;
-    // Progress reads the running loss back (a synchronisation): only for a terminal.
-    const locus::train::epoch_options eo{.report_every = 20,
-                                         .on_progress = bar.tty ? std::function<void(const locus::train::progress&)>(bar)
-                                                                : nullptr};
+    // The library's bar on a terminal (rank 0's, at the whole job's rate). Progress reads
+    // the running loss back (a synchronisation): only for a terminal.
+    const locus::train::progress_bar bar{.scale = static_cast<double>(world)};
+    const bool tty = locus::train::progress_bar::is_terminal(stdout);
+    const locus::train::epoch_options eo{
+        .report_every = 20, .on_progress = tty ? std::function<void(const locus::train::progress&)>(bar) : nullptr};
     if (first_epoch >= c.epochs) {
       ev = evaluate(test_loader);
       std::printf("nothing to train: the checkpoint is after epoch %lld and --epochs is %d\n",
@@ -381,7 +364,7 @@ int run(const config& c) {
       eoe.epoch = e;
       const auto r = train_epoch(train_loader, eoe);
       ev = evaluate(test_loader);
-      if (bar.tty) std::printf("\r%*s\r", 100, "");
+
       std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s\n",
                   static_cast<long long>(e + 1), r.loss, ev.loss, ev.accuracy, r.samples_per_s,
                   bytes(r.peak_bytes).c_str());

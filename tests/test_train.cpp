@@ -866,3 +866,35 @@ TEST_CASE("sequential::summary lists each layer, its output shape and parameters
   CHECK_THROWS_WITH_AS((void)m.summary(1, 100), "locus: linear(784, 512) takes 784 features, but its input has 100",
                        locus::shape_error);
 }
+
+TEST_CASE("train::progress_bar draws one line per update, ends it at the epoch's end, and writes nothing to a non-terminal") {
+  using locus::train::progress;
+  using locus::train::progress_bar;
+  const progress mid{2, 78, 234, 0.41234, 41200.4, 1.2};
+  CHECK(progress_bar::line(mid, 30) ==
+        "epoch 3 [##########....................] 78/234  loss 0.4123  41,200 samples/s  1.2 s, 2.4 s left  ");
+  CHECK(progress_bar::line(mid, 30, 2.0) ==
+        "epoch 3 [##########....................] 78/234  loss 0.4123  82,401 samples/s  1.2 s, 2.4 s left  ");
+  const progress done{0, 10, 10, 1.5, 1234567.0, 3.25};
+  CHECK(progress_bar::line(done, 4) == "epoch 1 [####] 10/10  loss 1.5000  1,234,567 samples/s  3.2 s  ");
+  const progress none{0, 0, 0, 0.0, 0.0, 0.0};
+  CHECK(progress_bar::line(none, 3) == "epoch 1 [...] 0/0  loss 0.0000  0 samples/s  0.0 s  ");
+  CHECK(progress_bar::line(mid, 0).find("[#]") == std::string::npos);  // width clamped to 1: "[.]"
+  CHECK(progress_bar::line(mid, 0).find("[.]") != std::string::npos);
+
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  progress_bar quiet{.out = f};
+  quiet(mid);  // a file is no terminal: nothing
+  CHECK(std::ftell(f) == 0);
+  progress_bar loud{.out = f, .width = 4, .always = true};
+  loud({0, 5, 10, 1.0, 100.0, 1.0});
+  loud(done);
+  std::rewind(f);
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const std::string text(buf, n);
+  CHECK(text == "\repoch 1 [##..] 5/10  loss 1.0000  100 samples/s  1.0 s, 1.0 s left  "
+                "\repoch 1 [####] 10/10  loss 1.5000  1,234,567 samples/s  3.2 s  \n");
+}
