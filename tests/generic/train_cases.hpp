@@ -396,6 +396,89 @@ TEST_CASE_TEMPLATE("training: on host devices the trainer discards gradients bet
   }
 }
 
+TEST_CASE_TEMPLATE("training: clip_grad_norm scales the step by min(1, max / (norm + 1e-6)) as PyTorch does, "
+                   "reports the norm, and with a scaler clips the unscaled gradient",
+                   D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  auto make = [] {
+    nn::sequential m(nn::linear<D, P>(12, 16), nn::relu<D, P>(), nn::linear<D, P>(16, 4));
+    m.reset_parameters(21);
+    return m;
+  };
+  const auto x = locus::randn<float, D>({32, 12}, 5);
+  auto yh = locus::zeros<std::int64_t, locus::cpu>({32});
+  for (index_t i = 0; i < 32; ++i) yh(i) = (i * 3) % 4;
+  const auto y = locus::to<D>(yh);
+  // SGD with lr 1 and nothing else: the step is the (clipped) gradient itself
+  auto a = make(), b = make(), big = make();
+  locus::optim::sgd<D> oa(a.parameters(), {.lr = 1.0}), ob(b.parameters(), {.lr = 1.0}),
+      og(big.parameters(), {.lr = 1.0});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{});
+  locus::train::trainer tb(b, ob, nn::cross_entropy{}, {.clip_grad_norm = 0.05});
+  locus::train::trainer tg(big, og, nn::cross_entropy{}, {.clip_grad_norm = 1e6});
+  const auto p0 = locus_train_test::host_values(std::as_const(a.parameters()).master());
+  ta.step(x, y);
+  tb.step(x, y);
+  tg.step(x, y);
+  const auto pa = locus_train_test::host_values(std::as_const(a.parameters()).master());
+  const auto pb = locus_train_test::host_values(std::as_const(b.parameters()).master());
+  const auto pg = locus_train_test::host_values(std::as_const(big.parameters()).master());
+  double sq = 0;
+  std::vector<double> g(p0.size());
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    g[i] = p0[i] - pa[i];
+    sq += g[i] * g[i];
+  }
+  const double norm = std::sqrt(sq);
+  REQUIRE(norm > 0.1);  // so 0.05 clips
+  CHECK(tb.grad_norm() == doctest::Approx(norm).epsilon(1e-5));
+  CHECK(tg.grad_norm() == doctest::Approx(norm).epsilon(1e-5));
+  const double coef = 0.05 / (norm + 1e-6);
+  double worst = 0, step_sq = 0;
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    worst = std::max(worst, std::abs(pb[i] - (p0[i] - g[i] * coef)));
+    step_sq += (p0[i] - pb[i]) * (p0[i] - pb[i]);
+  }
+  CHECK(worst < 1e-6);
+  CHECK(std::sqrt(step_sq) == doctest::Approx(0.05).epsilon(1e-3));  // the clipped step's norm
+  CHECK(pg == pa);  // a bound above the norm changes nothing, bit for bit
+
+  // With a grad scaler: the unscaled gradient's norm, whatever the scale.
+  {
+    using PF = locus::amp::fp16_mixed;
+    auto mk = [] {
+      nn::sequential m(nn::linear<D, PF>(12, 16), nn::relu<D, PF>(), nn::linear<D, PF>(16, 4));
+      m.reset_parameters(21);
+      return m;
+    };
+    auto m1 = mk(), m2 = mk();
+    locus::optim::sgd<D> o1(m1.parameters(), {.lr = 1.0}), o2(m2.parameters(), {.lr = 1.0});
+    locus::amp::grad_scaler<D> s1({.init_scale = 1024}), s2({.init_scale = 65536});
+    locus::train::trainer t1(m1, o1, nn::cross_entropy{}, s1, {.clip_grad_norm = 0.05});
+    locus::train::trainer t2(m2, o2, nn::cross_entropy{}, s2, {.clip_grad_norm = 0.05});
+    t1.step(x, y);
+    t2.step(x, y);
+    CHECK(t1.grad_norm() == doctest::Approx(norm).epsilon(2e-2));  // f16 compute: a close norm
+    CHECK(t1.grad_norm() == doctest::Approx(t2.grad_norm()).epsilon(1e-3));
+    const auto q0 = locus_train_test::host_values(std::as_const(mk().parameters()).master());
+    const auto q1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
+    double step1 = 0;
+    for (std::size_t i = 0; i < q0.size(); ++i) step1 += (q0[i] - q1[i]) * (q0[i] - q1[i]);
+    CHECK(std::sqrt(step1) == doctest::Approx(0.05).epsilon(2e-3));
+  }
+
+  // Bad bounds, and a step that would not be fused, are refused at construction.
+  auto c = make();
+  locus::optim::sgd<D> oc(c.parameters(), {.lr = 1.0});
+  CHECK_THROWS_AS(locus::train::trainer(c, oc, nn::cross_entropy{}, {.clip_grad_norm = -1.0}), locus::value_error);
+  CHECK_THROWS_AS(
+      locus::train::trainer(c, oc, nn::cross_entropy{}, {.clip_grad_norm = std::numeric_limits<double>::quiet_NaN()}),
+      locus::value_error);
+  CHECK_THROWS_AS(locus::train::trainer(c, oc, nn::cross_entropy{}, {.check_finite = false, .clip_grad_norm = 1.0}),
+                  locus::value_error);
+}
+
 TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step then backs off and grows", D,
                    LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp16_mixed;

@@ -62,12 +62,17 @@ inline namespace LOCUS_SIMD_NAMESPACE {
 /// x - x is +0 for finite x and NaN for infinities and NaN, so a sum of x - x is 0
 /// exactly when all are finite; the pass is loads, multiplies and adds only, and
 /// vectorises where a comparison-and-or loop does not. With Store, g[i] = g[i] * inv too.
-/// OpenMP over blocks when n reaches host_parallel_threshold.
+/// OpenMP over blocks when n reaches host_parallel_threshold. With sq, the same pass also
+/// leaves *sq = the sum of the (scaled) squares: f32 lanes within a block of 8192, the
+/// blocks' sums added in f64 in block order (the same bits at any thread count).
 template <bool Store>
-bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> g, float inv, bool scaled) {
+bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> g, float inv, bool scaled,
+                     double* sq = nullptr) {
   constexpr index_t w = simd::width;
   constexpr index_t block = 8192;
   const index_t blocks = (n + block - 1) / block;
+  std::vector<double> block_sq(sq ? static_cast<std::size_t>(blocks) : 0);
+  double* bs = block_sq.data();
   int bad = 0;
   [[maybe_unused]] const bool parallel = n >= host_parallel_threshold;
 #if defined(_OPENMP)
@@ -75,22 +80,43 @@ bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> 
 #endif
   for (index_t t = 0; t < blocks; ++t) {
     const index_t i0 = t * block, i1 = n - i0 < block ? n : i0 + block;
-    simd::vecf acc{};
+    simd::vecf acc{}, acc2{};
     index_t i = i0;
-    for (; i + w <= i1; i += w) {
-      simd::vecf x = simd::load(g + i);
-      if (scaled) x = x * inv;
-      if constexpr (Store) simd::store(g + i, x);
-      acc += x - x;
+    if (bs) {
+      for (; i + w <= i1; i += w) {
+        simd::vecf x = simd::load(g + i);
+        if (scaled) x = x * inv;
+        if constexpr (Store) simd::store(g + i, x);
+        acc += x - x;
+        acc2 += x * x;
+      }
+    } else {
+      for (; i + w <= i1; i += w) {
+        simd::vecf x = simd::load(g + i);
+        if (scaled) x = x * inv;
+        if constexpr (Store) simd::store(g + i, x);
+        acc += x - x;
+      }
     }
     float sum = 0.0f;
+    double sum2 = 0.0;
     for (; i < i1; ++i) {
       const float x = scaled ? g[i] * inv : g[i];
       if constexpr (Store) g[i] = x;
       sum += x - x;
+      sum2 += static_cast<double>(x) * x;
     }
-    for (int l = 0; l < static_cast<int>(w); ++l) sum += simd::lane(acc, l);
+    for (int l = 0; l < static_cast<int>(w); ++l) {
+      sum += simd::lane(acc, l);
+      sum2 += static_cast<double>(simd::lane(acc2, l));
+    }
     bad |= !(sum == 0.0f);
+    if (bs) bs[t] = sum2;
+  }
+  if (sq) {
+    double total = 0.0;
+    for (const double v : block_sq) total += v;
+    *sq = total;
   }
   return bad == 0;
 }

@@ -35,6 +35,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numbers>
@@ -46,6 +47,7 @@
 #include "../core/rules_train.hpp"
 #include "../nn/kernels.hpp"
 #include "../nn/parameters.hpp"
+#include "../ops/reduce.hpp"  // clipping's reduction on cuda (cub_reduce)
 #include "../tensor/factories.hpp"
 #include "../transfer/copy.hpp"
 
@@ -76,11 +78,12 @@ void with_compute(compute_kind k, F&& f) {
 /// The device scalars of a fused step, in the optimizer's scalars buffer.
 struct fused_scalars {
   update_scalars u;          // skip, first, bias1, rsqrt_bias2 (what the classic kernels read)
-  float inv_scale;           // the update multiplies g by it (1 / scale; 1 without a scaler)
-  float unused;
+  float inv_scale;           // the update multiplies g by it (1 / scale, times the clip factor)
+  float grad_norm;           // clipping: the gradients' global L2 norm (unscaled; NaN: skipped)
+  double grad_sq;            // clipping: pass 1's sum of the unscaled squares
   unsigned int tickets[2];   // launch_n_then's counters: check pass, update pass
 };
-static_assert(sizeof(fused_scalars) == 32);
+static_assert(sizeof(fused_scalars) == 40);
 
 /// Per-step values the device reads from memory instead of kernel arguments (the
 /// trainer's graph mode writes them before each replay). nullptr: the values passed.
@@ -110,6 +113,9 @@ struct fused_args {
   std::int64_t* first_nonfinite = nullptr;
   const step_vars* vars = nullptr;  // device-resident micro step, window and lr
   std::int64_t micro_step = 0, window_first = 0;
+  // Clipping by global norm (torch.nn.utils.clip_grad_norm_): when > 0 the update uses
+  // g * min(1, clip_norm / (norm + 1e-6)), norm the L2 norm of every (unscaled) gradient.
+  float clip_norm = 0.0f;
 };
 
 /// Pass 1: the finite check of every gradient (see the header comment).
@@ -146,7 +152,9 @@ struct check_pass {
     const float* __restrict gp = g;
     const float inv = a.scaler ? 1.0f / st->scale : 1.0f;
     const bool scaled = a.scaler;
-    if (locus::detail::host_all_finite<false>(n, gp, inv, scaled)) return;
+    // clipping: the norm's squares in the same pass (the cuda path reduces them first)
+    double* sq = a.clip_norm > 0 ? &fs->grad_sq : nullptr;
+    if (locus::detail::host_all_finite<false>(n, gp, inv, scaled, sq)) return;
     for (index_t i = 0; i < n; ++i)
       if (!locus::detail::finite(value(i))) mark(i);
   }
@@ -166,7 +174,14 @@ struct check_pass {
     }
     const bool skip = found || fresh(&st->sticky);
     fs->u.skip = skip ? 1 : 0;
-    fs->inv_scale = a.scaler ? 1.0f / fresh(&st->scale) : 1.0f;
+    float inv = a.scaler ? 1.0f / fresh(&st->scale) : 1.0f;
+    if (a.clip_norm > 0) {  // PyTorch's clip_grad_norm_: coefficient max / (norm + 1e-6), at most 1
+      const double norm = ::sqrt(fresh(&fs->grad_sq));
+      fs->grad_norm = skip ? static_cast<float>(::nan("")) : static_cast<float>(norm);
+      const double coef = static_cast<double>(a.clip_norm) / (norm + 1e-6);
+      if (coef < 1.0) inv = static_cast<float>(static_cast<double>(inv) * coef);
+    }
+    fs->inv_scale = inv;
     if (skip) {
       st->skipped = fresh(&st->skipped) + 1;
       return;
@@ -189,15 +204,16 @@ struct update_pass {
   step_state* st;
   bool scaler;
   float growth, backoff, interval;
+  bool scaled = false;  // g * inv_scale (a scaler's unscale and/or clipping)
 
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     if (fs->u.skip) return;
-    const float gi = scaler ? g[i] * fs->inv_scale : g[i];
+    const float gi = scaled ? g[i] * fs->inv_scale : g[i];
     u(i, gi, fs->u);
   }
   void host(index_t n) const {
     if (fs->u.skip) return;
-    u.host(n, g, scaler ? fs->inv_scale : 1.0f, scaler, fs->u);
+    u.host(n, g, scaled ? fs->inv_scale : 1.0f, scaled, fs->u);
   }
   LOCUS_HOST_DEVICE void last() const {
     using locus::detail::fresh;
@@ -217,6 +233,18 @@ struct update_pass {
     } else if (!fresh(&st->sticky)) {
       st->found_inf = 0;  // ready for the next step's check (check_begin_kernel's work)
     }
+  }
+};
+
+/// (g[i] / scale)^2 in f64 (the scale only with a grad scaler): clipping's reduction on cuda.
+struct square_of_unscaled {
+  const float* g;
+  const step_state* st;
+  bool scaler;
+  LOCUS_HOST_DEVICE double operator()(index_t i) const {
+    float v = g[i];
+    if (scaler) v *= 1.0f / st->scale;
+    return static_cast<double>(v) * v;
   }
 };
 
@@ -372,15 +400,39 @@ class optimizer_base {
     if (a.st == nullptr)
       throw error("locus: fused_step needs the grad scaler's state or the trainer's non-finite guard");
     fused_scalars* fs = fused();
+    if constexpr (!D::host_accessible) {
+      // cuda: the norm's squares by one deterministic reduction before the check pass (the
+      // check pass's blocks cannot combine a sum without atomics; the host folds it in)
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+      if (a.clip_norm > 0)
+        locus::detail::cub_reduce(thrust::make_transform_iterator(thrust::counting_iterator<index_t>(0),
+                                                                  square_of_unscaled{params_.g, a.st, a.scaler}),
+                                  &fs->grad_sq, params_.n, locus::detail::sum_op{}, 0.0);
+#endif
+    }
     locus::detail::launch_n_then<D>(params_.n, check_pass<A>{params_.g, a.st, fs, steps_.data_handle(), a, beta1, beta2},
                                     &fs->tickets[0]);
   }
   template <class U, class A>
   void run_update(const U& u, const fused_args<A>& a) {
     fused_scalars* fs = fused();
-    locus::detail::launch_n_then<D>(
-        params_.n, update_pass<U>{u, params_.g, fs, a.st, a.scaler, a.growth, a.backoff, a.interval}, &fs->tickets[1]);
+    locus::detail::launch_n_then<D>(params_.n,
+                                    update_pass<U>{u, params_.g, fs, a.st, a.scaler, a.growth, a.backoff, a.interval,
+                                                   a.scaler || a.clip_norm > 0},
+                                    &fs->tickets[1]);
   }
+
+ public:
+  /// The global L2 norm of the (unscaled) gradients at the last fused step that clipped
+  /// (NaN when that step was skipped, 0 before any); reads one float back from D.
+  [[nodiscard]] double last_grad_norm() const {
+    const auto h = to<cpu>(scalars_);
+    fused_scalars f;
+    std::memcpy(&f, h.data_handle(), sizeof f);
+    return static_cast<double>(f.grad_norm);
+  }
+
+ protected:
 
   /// Starts a step on the device: counts it unless `guard` reports a non-finite
   /// gradient, and leaves the scalars the update kernel reads (bias corrections with

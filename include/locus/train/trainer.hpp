@@ -60,6 +60,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -110,6 +111,12 @@ struct options {
   bool cuda_graph = false;   ///< cuda: capture the step as a CUDA graph and replay it
   bool check_finite = true;  ///< without a scaler: stop on a non-finite gradient
   optim::schedule schedule{};  ///< lr of each optimizer step (empty: the optimizer's lr)
+  /// Clip the gradients by their global L2 norm before each optimizer step, as
+  /// torch.nn.utils.clip_grad_norm_(max_norm) (after the grad scaler's unscale): each
+  /// gradient times min(1, max / (norm + 1e-6)). 0: off. Inside the fused step: on the
+  /// host the norm comes from the same pass as the finite check; on cuda one reduction
+  /// before it. grad_norm() reports the norm.
+  double clip_grad_norm = 0.0;
 };
 
 /// What report() and the epoch functions return.
@@ -459,6 +466,14 @@ class trainer {
   /// The learning-rate schedule from now on (optimizer steps count from 0).
   void set_schedule(optim::schedule s) { o_.schedule = std::move(s); }
 
+  /// With clip_grad_norm: the global L2 norm of the (unscaled) gradients at the last
+  /// optimizer step, before clipping (NaN when that step was skipped); reads it back from
+  /// the device. 0 before the first step.
+  [[nodiscard]] double grad_norm() const {
+    if constexpr (requires { opt_->last_grad_norm(); }) return opt_->last_grad_norm();
+    else return 0.0;
+  }
+
   /// The master dtype's flat gradient buffer on the model's device.
   using gradient_view = tensor_view<typename policy::master, device, 1>;
   /// Called once per optimizer step, after the last micro-batch's backward and before
@@ -550,6 +565,13 @@ class trainer {
   void init() {
     if (o_.accumulate < 1)
       throw ::locus::value_error("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
+    if (!(o_.clip_grad_norm >= 0.0) || !(o_.clip_grad_norm <= std::numeric_limits<float>::max()))
+      throw ::locus::value_error("locus: trainer clip_grad_norm must be a finite number >= 0 (0: no clipping), got " +
+                                 std::to_string(o_.clip_grad_norm));
+    if (o_.clip_grad_norm > 0.0 && !fused())
+      throw ::locus::value_error(
+          "locus: trainer clip_grad_norm needs the fused optimizer step (adamw or sgd, with a grad scaler or "
+          "check_finite = true), where the norm is taken; this trainer's step runs unfused");
     // An optimizer built over another model's parameters would update that model on
     // every step while this one never trains (and the other trains on this one's
     // gradients): refused here, before any step.
@@ -763,6 +785,7 @@ class trainer {
     a.vars = vars;
     a.micro_step = micro;
     a.window_first = window;
+    a.clip_norm = static_cast<float>(o_.clip_grad_norm);
     model_->parameters().settle_grad();  // the step reads the flat buffer through its own pointer
     if constexpr (fusable()) opt_->fused_step(a);
     clear_grads();
