@@ -12,6 +12,8 @@ the trainer on the CPU and checks what a user relies on:
     same epoch 3 (to the printed digits) as the run without a stop, and the CSV continues;
   * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
   * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
+    --clip-grad-norm 0.05 trains too, differently from the unclipped run, and a negative
+    bound is refused naming the option;
   * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
     small for anything fails with a message and exit status 1; on the whole dataset under
     64 MiB the chosen batch leaves room for evaluation (the epoch and its evaluation finish);
@@ -185,6 +187,14 @@ def main():
     if "bf16 on cpu, batch 100 x 2" not in out:
         fail("the model line does not show bf16 and accumulation 2:\n" + out)
 
+    # Gradient clipping: trains, and not as the unclipped run does.
+    out, _ = run(binary, *common, "--epochs", "3", "--clip-grad-norm", "0.05")
+    r = epochs_of(out)
+    if len(r) != 3 or not math.isfinite(float(r[-1]["train_loss"])) or float(r[-1]["test_accuracy"]) < 0.3:
+        fail("--clip-grad-norm 0.05:\n" + out)
+    if r[0]["train_loss"] == a[0]["train_loss"]:
+        fail(f"--clip-grad-norm 0.05 trained exactly as without clipping: {r[0]} vs {a[0]}")
+
     # --batch-size auto under a memory limit, and a limit that fits nothing.
     args = [x for x in common if x not in ("--batch-size", "100")]
     out, _ = run(binary, *args, "--epochs", "1", "--batch-size", "auto", "--memory-limit", "12M")
@@ -210,7 +220,8 @@ def main():
     for bad, option in ((["--epochs", "2x"], "--epochs"), (["--lr", "-1"], "--lr"), (["--lr", "abc"], "--lr"),
                         (["--seed", "-3"], "--seed"), (["--batch-size", "0"], "--batch-size"),
                         (["--hidden", "512"], "--hidden"), (["--memory-limit", "0"], "--memory-limit"),
-                        (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device")):
+                        (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device"),
+                        (["--clip-grad-norm", "-1"], "--clip-grad-norm")):
         out, err = run(binary, *bad, expect=2)
         if option not in err or out:
             fail(f"{' '.join(bad)}: expected an error naming {option} and nothing on stdout:\n"
