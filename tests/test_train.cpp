@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numbers>
 
@@ -871,16 +872,19 @@ TEST_CASE("train::progress_bar draws one line per update, ends it at the epoch's
   using locus::train::progress;
   using locus::train::progress_bar;
   const progress mid{2, 78, 234, 0.41234, 41200.4, 1.2};
-  CHECK(progress_bar::line(mid, 30) ==
-        "epoch 3 [##########....................] 78/234  loss 0.4123  41,200 samples/s  1.2 s, 2.4 s left  ");
-  CHECK(progress_bar::line(mid, 30, 2.0) ==
-        "epoch 3 [##########....................] 78/234  loss 0.4123  82,401 samples/s  1.2 s, 2.4 s left  ");
-  const progress done{0, 10, 10, 1.5, 1234567.0, 3.25};
-  CHECK(progress_bar::line(done, 4) == "epoch 1 [####] 10/10  loss 1.5000  1,234,567 samples/s  3.2 s  ");
-  const progress none{0, 0, 0, 0.0, 0.0, 0.0};
-  CHECK(progress_bar::line(none, 3) == "epoch 1 [...] 0/0  loss 0.0000  0 samples/s  0.0 s  ");
-  CHECK(progress_bar::line(mid, 0).find("[#]") == std::string::npos);  // width clamped to 1: "[.]"
-  CHECK(progress_bar::line(mid, 0).find("[.]") != std::string::npos);
+  CHECK(progress_bar::line(mid, 20) == "epoch 3 [######..............] 78/234  loss 0.4123  41,200/s  1.2 s (2.4 s left)");
+  CHECK(progress_bar::line(mid, 20).size() <= 80);  // the default fits a terminal
+  CHECK(progress_bar::line(mid, 20, 2.0) ==
+        "epoch 3 [######..............] 78/234  loss 0.4123  82,401/s  1.2 s (2.4 s left)");
+  const progress done{0, 10, 10, 1.5, 1234567.0, 3.25, true};
+  CHECK(progress_bar::line(done, 4) == "epoch 1 [####] 10/10  loss 1.5000  1,234,567/s  3.2 s");
+  const progress unknown{0, 73, 0, 0.0, 0.0, 2.0, false};  // a loader without size()
+  CHECK(progress_bar::line(unknown, 3) == "epoch 1 [...] 73/?  loss 0.0000  0/s  2.0 s");
+  CHECK(progress_bar::line(mid, 0).find("[.]") != std::string::npos);  // width clamped to 1
+  CHECK(progress_bar::line(mid, 100000).find("78/234  loss 0.4123") != std::string::npos);  // clamped to 200
+  CHECK(progress_bar::line({0, 1, 2, 0.0, 1e300, 1.0}, 4).find("1e+300/s") != std::string::npos);
+  CHECK(progress_bar::line({0, 1, 2, 0.0, std::numeric_limits<double>::quiet_NaN(), 1.0}, 4).find("nan/s") !=
+        std::string::npos);
 
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);
@@ -895,6 +899,6 @@ TEST_CASE("train::progress_bar draws one line per update, ends it at the epoch's
   const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
   std::fclose(f);
   const std::string text(buf, n);
-  CHECK(text == "\repoch 1 [##..] 5/10  loss 1.0000  100 samples/s  1.0 s, 1.0 s left  "
-                "\repoch 1 [####] 10/10  loss 1.5000  1,234,567 samples/s  3.2 s  \n");
+  CHECK(text == "\repoch 1 [##..] 5/10  loss 1.0000  100/s  1.0 s (1.0 s left)\033[K"
+                "\repoch 1 [####] 10/10  loss 1.5000  1,234,567/s  3.2 s\033[K\n");
 }

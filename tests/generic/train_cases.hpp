@@ -468,10 +468,30 @@ TEST_CASE_TEMPLATE("training: clip_grad_norm scales the step by min(1, max / (no
     CHECK(std::sqrt(step1) == doctest::Approx(0.05).epsilon(2e-3));
   }
 
+  // Gradients whose squares overflow f32 (elements near 1e21) but whose norm does not:
+  // still clipped to the bound, the norm reported finite.
+  {
+    nn::sequential h(nn::linear<D, P>(16, 4));
+    h.reset_parameters(2);
+    locus::optim::sgd<D> oh(h.parameters(), {.lr = 1.0});
+    locus::train::trainer th(h, oh, nn::cross_entropy{}, {.clip_grad_norm = 1.0});
+    const auto q0 = locus_train_test::host_values(std::as_const(h.parameters()).master());
+    const auto xh = locus::to<D>(locus::full<float, locus::cpu>({4, 16}, 1e21f));
+    th.step(xh, y.slice(0, 4));
+    const auto q1 = locus_train_test::host_values(std::as_const(h.parameters()).master());
+    double moved = 0;
+    for (std::size_t i = 0; i < q0.size(); ++i) moved += (q0[i] - q1[i]) * (q0[i] - q1[i]);
+    CHECK(std::isfinite(th.grad_norm()));
+    CHECK(th.grad_norm() > 1e20);
+    CHECK(std::sqrt(moved) == doctest::Approx(1.0).epsilon(1e-3));
+  }
+
   // Bad bounds, and a step that would not be fused, are refused at construction.
   auto c = make();
   locus::optim::sgd<D> oc(c.parameters(), {.lr = 1.0});
   CHECK_THROWS_AS(locus::train::trainer(c, oc, nn::cross_entropy{}, {.clip_grad_norm = -1.0}), locus::value_error);
+  CHECK_THROWS_AS(locus::train::trainer(c, oc, nn::cross_entropy{}, {.clip_grad_norm = 1e-50}),
+                  locus::value_error);  // rounds to 0 (off) in f32
   CHECK_THROWS_AS(
       locus::train::trainer(c, oc, nn::cross_entropy{}, {.clip_grad_norm = std::numeric_limits<double>::quiet_NaN()}),
       locus::value_error);

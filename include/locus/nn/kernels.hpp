@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <limits>
 #include <vector>
 
 #include "../backend/host_simd.hpp"
@@ -116,6 +117,15 @@ bool host_all_finite(index_t n, std::conditional_t<Store, float*, const float*> 
   if (sq) {
     double total = 0.0;
     for (const double v : block_sq) total += v;
+    // f32 squares overflow above about 1.8e19 (and underflow below 1e-23) although the
+    // norm is representable: then again, every square in f64 (a rare, serial pass)
+    if (bad == 0 && !(total < std::numeric_limits<double>::infinity() && total > 0.0)) {
+      total = 0.0;
+      for (index_t i = 0; i < n; ++i) {
+        const double x = scaled ? static_cast<double>(g[i] * inv) : static_cast<double>(g[i]);
+        total += x * x;
+      }
+    }
     *sq = total;
   }
   return bad == 0;

@@ -139,49 +139,61 @@ struct progress {
   double loss = 0.0;         ///< running mean since the epoch began
   double samples_per_s = 0.0;
   double seconds = 0.0;      ///< since the epoch began
+  bool last = false;         ///< the epoch's final call
 };
 
 /// An epoch's progress as one terminal line, redrawn in place (pass it as
 /// epoch_options::on_progress):
-///   epoch 3 [##########....................] 78/234  loss 0.4123  41,200 samples/s  1.2 s, 2.4 s left
+///   epoch 3 [######..............] 78/234  loss 0.4123  41,200/s  1.2 s (2.4 s left)
 /// It writes only when `out` is a terminal (unless `always`), so logs and pipes get
-/// nothing; the epoch's last call ends the line. `scale` multiplies the samples/s (a
-/// data-parallel rank 0 showing the whole job's rate: scale = world size).
+/// nothing; each update erases the rest of the line, and the epoch's last call ends it.
+/// `scale` multiplies the samples/s (a data-parallel rank 0 showing the whole job's rate:
+/// scale = world size). `width` (the bar's characters) is kept within [1, 200].
 struct progress_bar {
   std::FILE* out = stdout;
-  int width = 30;
+  int width = 20;
   bool always = false;
   double scale = 1.0;
 
   void operator()(const progress& p) const {
     if (!always && !is_terminal(out)) return;
     const std::string l = line(p, width, scale);
-    std::fprintf(out, "\r%s%s", l.c_str(), p.batch >= p.batches && p.batches > 0 ? "\n" : "");
+    std::fprintf(out, "\r%s\033[K%s", l.c_str(), p.last ? "\n" : "");
     std::fflush(out);
   }
 
-  /// The text of one update (without the carriage return).
+  /// The text of one update (without the carriage return and the erase).
   [[nodiscard]] static std::string line(const progress& p, int width, double scale = 1.0) {
-    const int w = width < 1 ? 1 : width;
+    const int w = width < 1 ? 1 : width > 200 ? 200 : width;
     const double frac = p.batches > 0 ? static_cast<double>(p.batch) / static_cast<double>(p.batches) : 0.0;
     int filled = static_cast<int>(frac * w);
     if (filled > w) filled = w;
     if (filled < 0) filled = 0;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.resize(static_cast<std::size_t>(w), '.');
-    std::string rate = std::to_string(static_cast<long long>(p.samples_per_s * scale + 0.5));
-    for (int i = static_cast<int>(rate.size()) - 3; i > 0; i -= 3) rate.insert(static_cast<std::size_t>(i), ",");
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "epoch %lld [%s] %lld/%lld  loss %.4f  %s samples/s  %.1f s",
-                  static_cast<long long>(p.epoch + 1), bar.c_str(), static_cast<long long>(p.batch),
-                  static_cast<long long>(p.batches), p.loss, rate.c_str(), p.seconds);
-    std::string s = buf;
+    const double r = p.samples_per_s * scale;
+    std::string rate;
+    char buf[96];
+    if (r >= 0.0 && r < 1e15) {
+      rate = std::to_string(static_cast<long long>(r + 0.5));
+      for (int i = static_cast<int>(rate.size()) - 3; i > 0; i -= 3) rate.insert(static_cast<std::size_t>(i), ",");
+    } else {
+      std::snprintf(buf, sizeof buf, "%.3g", r);
+      rate = buf;
+    }
+    std::string s = "epoch " + std::to_string(p.epoch + 1) + " [" + bar + "] " + std::to_string(p.batch) + "/" +
+                    (p.batches > 0 ? std::to_string(p.batches) : std::string("?"));
+    std::snprintf(buf, sizeof buf, "  loss %.4f  ", p.loss);
+    s += buf;
+    s += rate;
+    std::snprintf(buf, sizeof buf, "/s  %.1f s", p.seconds);
+    s += buf;
     if (p.batch > 0 && p.batches > p.batch) {
-      std::snprintf(buf, sizeof buf, ", %.1f s left",
+      std::snprintf(buf, sizeof buf, " (%.1f s left)",
                     p.seconds * static_cast<double>(p.batches - p.batch) / static_cast<double>(p.batch));
       s += buf;
     }
-    return s + "  ";  // covers a longer previous line's tail
+    return s;
   }
 
   static bool is_terminal(std::FILE* f) noexcept {
@@ -424,7 +436,7 @@ class trainer {
     r.samples = samples;
     r.seconds = dt;
     r.samples_per_s = dt > 0 ? static_cast<double>(samples) / dt : 0.0;
-    if (eo.on_progress) eo.on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt});
+    if (eo.on_progress) eo.on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt, true});
     ++epochs_done_;
     return r;
   }
@@ -565,9 +577,12 @@ class trainer {
   void init() {
     if (o_.accumulate < 1)
       throw ::locus::value_error("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
-    if (!(o_.clip_grad_norm >= 0.0) || !(o_.clip_grad_norm <= std::numeric_limits<float>::max()))
-      throw ::locus::value_error("locus: trainer clip_grad_norm must be a finite number >= 0 (0: no clipping), got " +
-                                 std::to_string(o_.clip_grad_norm));
+    if (!(o_.clip_grad_norm == 0.0 || (o_.clip_grad_norm >= std::numeric_limits<float>::min() &&
+                                        o_.clip_grad_norm <= std::numeric_limits<float>::max())))
+      throw ::locus::value_error(
+          "locus: trainer clip_grad_norm must be 0 (no clipping) or a finite number from 1.2e-38 to 3.4e38 (the "
+          "f32 range the step computes in), got " +
+          std::to_string(o_.clip_grad_norm));
     if (o_.clip_grad_norm > 0.0 && !fused())
       throw ::locus::value_error(
           "locus: trainer clip_grad_norm needs the fused optimizer step (adamw or sgd, with a grad scaler or "
