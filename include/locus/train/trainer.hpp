@@ -175,8 +175,12 @@ struct progress_bar {
     std::string rate;
     char buf[96];
     if (r >= 0.0 && r < 1e15) {
-      rate = std::to_string(static_cast<long long>(r + 0.5));
-      for (int i = static_cast<int>(rate.size()) - 3; i > 0; i -= 3) rate.insert(static_cast<std::size_t>(i), ",");
+      const std::string digits = std::to_string(static_cast<long long>(r + 0.5));
+      const std::size_t nd = digits.size();
+      for (std::size_t k = 0; k < nd; ++k) {  // thousands separated by commas
+        if (k > 0 && (nd - k) % 3 == 0) rate += ',';
+        rate += digits[k];
+      }
     } else {
       std::snprintf(buf, sizeof buf, "%.3g", r);
       rate = buf;
