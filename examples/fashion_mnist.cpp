@@ -372,9 +372,9 @@ int run(const config& c) {
       const auto r = train_epoch(train_loader, eoe);
       ev = evaluate(test_loader);
 
-      std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s\n",
+      std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s  %.1f s\n",
                   static_cast<long long>(e + 1), r.loss, ev.loss, ev.accuracy, r.samples_per_s,
-                  bytes(r.peak_bytes).c_str());
+                  bytes(r.peak_bytes).c_str(), r.seconds + ev.seconds);
       std::fflush(stdout);
       if (log)
         log << e + 1 << ',' << r.loss << ',' << ev.loss << ',' << ev.accuracy << ',' << r.samples_per_s << ','

@@ -902,3 +902,24 @@ TEST_CASE("train::progress_bar draws one line per update, ends it at the epoch's
   CHECK(text == "\repoch 1 [##..] 5/10  loss 1.0000  100/s  1.0 s (1.0 s left)\033[K"
                 "\repoch 1 [####] 10/10  loss 1.5000  1,234,567/s  3.2 s\033[K\n");
 }
+
+TEST_CASE("training: clip_grad_norm's reported norm belongs to the run: a checkpoint load clears it") {
+  namespace nn = locus::nn;
+  using P = locus::amp::fp32;
+  nn::sequential m(nn::linear<locus::cpu, P>(6, 3));
+  m.reset_parameters(1);
+  locus::optim::adamw<locus::cpu> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, nn::cross_entropy{}, {.clip_grad_norm = 1e-3});
+  const auto x = locus::randn<float, locus::cpu>({8, 6}, 2);
+  auto y = locus::zeros<std::int64_t, locus::cpu>({8});
+  for (locus::index_t i = 0; i < 8; ++i) y(i) = i % 3;
+  const auto path = std::filesystem::temp_directory_path() / ("locus_clip_" + std::to_string(::getpid()) + ".safetensors");
+  locus::train::save_checkpoint(path, t, 0);
+  t.step(x, y);
+  CHECK(t.grad_norm() > 0.0);
+  locus::train::resume(path, t);
+  CHECK(t.grad_norm() == 0.0);
+  t.step(x, y);  // and the next step reports its own
+  CHECK(t.grad_norm() > 0.0);
+  std::filesystem::remove(path);
+}

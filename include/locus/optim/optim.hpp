@@ -366,7 +366,11 @@ class optimizer_base {
   [[nodiscard]] std::int64_t steps() const { return to<cpu>(steps_)(0); }
   tensor_view<std::int64_t, D, 1> step_tensor() noexcept { return steps_.view(); }
   /// Re-derives the compute copy from the master weights (after a checkpoint load).
-  void after_load() { params_.sync_compute(); }
+  void after_load() {
+    params_.sync_compute();
+    // the last step's clipping norm belongs to the run before the load (grad_norm())
+    locus::detail::zero_bytes<D>(scalars_.data_handle(), scalars_.size_bytes());
+  }
 
   /// Whether this optimizer updates `store` (it was built from it): the trainer refuses
   /// an optimizer bound to another model's parameters.
