@@ -376,9 +376,6 @@ class trainer {
       if (graph_) graph_->begin(on_graph_stream);
     }
 #endif
-    // An optimizer step like any other: the gradient sync first (data-parallel ranks
-    // average what they accumulated).
-    if (grad_sync_) grad_sync_(model_->parameters().grad());
     if (fused()) fused_update(nullptr, A(0), nullptr, nullptr, micro_step_ - 1, window_first_);
     else optimizer_step(micro_step_ - 1);
     micro_ = 0;
@@ -750,7 +747,6 @@ class trainer {
       } else {
         model_->backward(loss_.grad());
       }
-      if (update && grad_sync_) grad_sync_(model_->parameters().grad());
       // Counted once the step cannot fail any more: an out_of_memory above leaves the
       // running loss as it was, like the weights. The fp32 guard also notes the first
       // micro-step whose loss was not finite. With a fused update the optimizer's check
@@ -805,9 +801,18 @@ class trainer {
     a.micro_step = micro;
     a.window_first = window;
     a.clip_norm = static_cast<float>(o_.clip_grad_norm);
-    model_->parameters().settle_grad();  // the step reads the flat buffer through its own pointer
+    sync_gradients();
     if constexpr (fusable()) opt_->fused_step(a);
     clear_grads();
+  }
+
+  /// Before every optimizer step (a step's last micro-batch or an epoch's flush): the
+  /// deferred zeros written (the step reads the flat buffer through its own pointer),
+  /// then the gradient sync (data-parallel ranks average what they accumulated).
+  void sync_gradients() {
+    auto& store = model_->parameters();
+    store.settle_grad();
+    if (grad_sync_) grad_sync_(store.grad());
   }
 
   /// After an optimizer step: on host devices the gradients are discarded, not zeroed
@@ -835,7 +840,7 @@ class trainer {
   /// The unfused optimizer step (an optimizer without fused_step, or no check at all).
   void optimizer_step(std::int64_t micro) {
     auto& store = model_->parameters();
-    store.settle_grad();
+    sync_gradients();
     if constexpr (has_scaler) {
       scaler_->unscale(store);
       opt_->step(scaler_->state());
