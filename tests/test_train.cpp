@@ -864,7 +864,7 @@ TEST_CASE("sequential::summary lists each layer, its output shape and parameters
   CHECK(s.find("[128, 10]") != std::string::npos);
   CHECK(s.find("total: 407040 parameters") != std::string::npos);  // 401920 + 5120
   CHECK(static_cast<std::int64_t>(m.parameters().size()) >= 407040);
-  CHECK_THROWS_WITH_AS((void)m.summary(1, 100), "locus: linear(784, 512) takes 784 features, but its input has 100",
+  CHECK_THROWS_WITH_AS((void)m.summary(1, 100), "locus: sequential layer 0: linear(784, 512) takes 784 features, but its input has 100",
                        locus::shape_error);
 }
 

@@ -10,6 +10,7 @@
 #include "amp/grad_scaler.hpp"
 #include "amp/policy.hpp"
 #include "nn/layers.hpp"
+#include "nn/conv.hpp"
 #include "nn/loss.hpp"
 #include "nn/parameters.hpp"
 #include "optim/optim.hpp"

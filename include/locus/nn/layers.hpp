@@ -50,10 +50,13 @@ void ensure_shape(tensor<T, D, R>& t, const extents<R>& shape) {
 }
 
 /// Hooks: pre(x) before forward, post(x, y) after it (training and inference forward).
-template <class D, class C>
+/// R is the rank of the views the hooks see: the layer's own rank (2 for linear, 4 for
+/// conv2d and pooling); layers that take any rank (activations, dropout) show their
+/// activations as rank 2, [batch, every other extent multiplied].
+template <class D, class C, std::size_t R = 2>
 class hooks {
  public:
-  using view = tensor_view<const C, D, 2>;
+  using view = tensor_view<const C, D, R>;
   using pre_hook = std::function<void(const view& x)>;
   using post_hook = std::function<void(const view& x, const view& y)>;
 
@@ -86,6 +89,41 @@ class hooks {
   std::vector<post_hook> post_;
 };
 
+/// x as [batch, the other extents multiplied] (contiguous x): what the hooks of a
+/// layer that takes any rank see.
+template <class T, class D, std::size_t R>
+tensor_view<T, D, 2> as_rows(const tensor_view<T, D, R>& x) noexcept {
+  if constexpr (R == 2) {
+    return x;
+  } else {
+    const index_t b = R == 0 ? 1 : x.shape()[0];
+    const index_t rest = b == 0 ? 0 : x.numel() / b;
+    return {::locus::detail::raw_view_key{}, x.data_handle(), extents<2>{b, rest}};
+  }
+}
+/// A flat buffer of at least n elements (reallocated only when it is too small or empty).
+template <class T, class D>
+void ensure_numel(tensor<T, D, 1>& t, index_t n) {
+  if (t.numel() != n || t.data_handle() == nullptr) {
+    t = tensor<T, D, 1>();
+    t = tensor<T, D, 1>(extents<1>{n});
+  }
+}
+/// The first numel(shape) elements of a flat buffer as a view of that shape.
+template <class T, class D, std::size_t R>
+tensor_view<const T, D, R> shaped(const tensor<T, D, 1>& t, const extents<R>& shape) noexcept {
+  return {::locus::detail::raw_view_key{}, t.data_handle(), shape};
+}
+template <class T, class D, std::size_t R>
+tensor_view<T, D, R> shaped_mut(tensor<T, D, 1>& t, const extents<R>& shape) noexcept {
+  return {::locus::detail::raw_view_key{}, t.data_handle(), shape};
+}
+inline std::string shape_list(const std::vector<index_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
 template <class D>
 void check_features(const char* layer, index_t expected, index_t got) {
   if (expected != got)
@@ -108,6 +146,8 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
   using M = typename policy::master;
   using view = tensor_view<const C, D, 2>;
   static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 2, output_rank = 2;  // [batch, features]
+  static constexpr const char* layer_name = "linear";
 
   linear(index_t in_features, index_t out_features, bias b = bias::with)
       : in_(in_features), out_(out_features), bias_(b == bias::with) {
@@ -129,6 +169,8 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
                         std::to_string(in));
     return out_;
   }
+  /// The output width for an input width (-1: not known before the first batch).
+  [[nodiscard]] index_t output_width(index_t in) const { return in < 0 ? out_ : output_features(in); }
   [[nodiscard]] index_t parameter_count() const noexcept { return out_ * in_ + (bias_ ? out_ : 0); }
 
   void declare(parameter_store<D, policy>& s, const std::string& prefix) {
@@ -246,7 +288,8 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
 };
 
 namespace detail {
-/// An element-wise activation layer.
+/// An element-wise activation layer. It takes activations of any rank (rank 2 after a
+/// linear layer, rank 4 after a convolution) and returns the same shape.
 template <Device D, class Policy, act_kind Kind>
 class activation_layer : public hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
 
@@ -254,9 +297,13 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
   using C = typename policy::compute;
-  using view = tensor_view<const C, D, 2>;
+  template <std::size_t R>
+  using view_of = tensor_view<const C, D, R>;
+  using view = view_of<2>;
   static constexpr bool is_activation = true;
   static constexpr act_kind kind = Kind;
+  static constexpr std::size_t input_rank = 0, output_rank = 0;  // any rank, kept
+  static constexpr const char* layer_name = "activation";
 
   [[nodiscard]] std::string describe() const {
     switch (Kind) {
@@ -270,47 +317,51 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
     return "identity";
   }
   [[nodiscard]] index_t output_features(index_t in) const noexcept { return in; }
+  [[nodiscard]] index_t output_width(index_t in) const noexcept { return in; }
   [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
 
   void declare(parameter_store<D, policy>&, const std::string&) {}
   void bind(parameter_store<D, policy>&) {}
   void reset_parameters(std::uint64_t) {}
 
-  view forward(const view& x) {
-    this->run_pre(x);
+  template <std::size_t R>
+  view_of<R> forward(const view_of<R>& x) {
+    if (this->has_hooks()) this->run_pre(as_rows(x));
     fused_ = false;
-    x_ = x;
-    ensure_shape(y_, x.shape());
+    x_ = x.data_handle();
+    ensure_numel(y_, x.numel());
     locus::detail::launch_n<D>(x.numel(), locus::detail::act_forward_kernel<C>{x.data_handle(), y_.data_handle(), Kind});
-    view y = std::as_const(y_).view();
-    this->run_post(x, y);
+    const view_of<R> y = shaped(y_, x.shape());
+    if (this->has_hooks()) this->run_post(as_rows(x), as_rows(y));
     return y;
   }
   /// sequential ran this activation inside the preceding linear layer.
   void mark_fused() noexcept { fused_ = true; }
   [[nodiscard]] bool fused() const noexcept { return fused_; }
 
-  view backward(const view& gy, bool = true) {
-    ensure_shape(gx_, gy.shape());
+  template <std::size_t R>
+  view_of<R> backward(const view_of<R>& gy, bool = true) {
+    ensure_numel(gx_, gy.numel());
     const bool uses_z = Kind == act_kind::gelu || Kind == act_kind::gelu_tanh;
     locus::detail::launch_n<D>(gy.numel(), locus::detail::act_backward_kernel<C>{
-                                               gy.data_handle(), uses_z ? x_.data_handle() : nullptr,
+                                               gy.data_handle(), uses_z ? x_ : nullptr,
                                                uses_z ? nullptr : y_.data_handle(), gx_.data_handle(), Kind});
-    return std::as_const(gx_).view();
+    return shaped(gx_, gy.shape());
   }
 
-  tensor<C, D, 2> infer(const view& x) const {
-    this->run_pre(x);
-    tensor<C, D, 2> y(x.shape());
+  template <std::size_t R>
+  tensor<C, D, R> infer(const view_of<R>& x) const {
+    if (this->has_hooks()) this->run_pre(as_rows(x));
+    tensor<C, D, R> y(x.shape());
     locus::detail::launch_n<D>(x.numel(), locus::detail::act_forward_kernel<C>{x.data_handle(), y.data_handle(), Kind});
-    this->run_post(x, std::as_const(y).view());
+    if (this->has_hooks()) this->run_post(as_rows(x), as_rows(std::as_const(y).view()));
     return y;
   }
 
  private:
   bool fused_ = false;
-  view x_;
-  tensor<C, D, 2> y_, gx_;
+  const C* x_ = nullptr;
+  tensor<C, D, 1> y_, gx_;
 };
 }  // namespace detail
 
@@ -327,10 +378,11 @@ class tanh : public detail::activation_layer<D, Policy, detail::act_kind::tanh> 
 template <Device D, class Policy>
 class sigmoid : public detail::activation_layer<D, Policy, detail::act_kind::sigmoid> {};
 
-/// Dropout with probability p (training forward only; inference is the identity). The
-/// mask comes from Philox(seed, element, stream) where the stream advances with every
-/// training forward, so runs with the same seed drop the same elements on every device,
-/// and backward recomputes the mask instead of saving it.
+/// Dropout with probability p (training forward only; inference is the identity), on
+/// activations of any rank (element-wise, as PyTorch's nn.Dropout; after a convolution
+/// too). The mask comes from Philox(seed, element, stream) where the stream advances
+/// with every training forward, so runs with the same seed drop the same elements on
+/// every device, and backward recomputes the mask instead of saving it.
 template <Device D, class Policy>
 class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
 
@@ -338,8 +390,12 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
   using C = typename policy::compute;
-  using view = tensor_view<const C, D, 2>;
+  template <std::size_t R>
+  using view_of = tensor_view<const C, D, R>;
+  using view = view_of<2>;
   static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 0, output_rank = 0;  // any rank, kept
+  static constexpr const char* layer_name = "dropout";
 
   explicit dropout(float p, std::uint64_t seed = 0) : p_(p), seed_(seed) {
     if (!(p >= 0.0f && p < 1.0f))
@@ -356,39 +412,42 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
     return b;
   }
   [[nodiscard]] index_t output_features(index_t in) const noexcept { return in; }
+  [[nodiscard]] index_t output_width(index_t in) const noexcept { return in; }
   [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
   /// Training forwards run so far: the RNG state (saved in checkpoints).
   [[nodiscard]] std::uint64_t counter() const noexcept { return counter_; }
   void set_counter(std::uint64_t c) noexcept { counter_ = c; }
   void set_seed(std::uint64_t s) noexcept { seed_ = s; }
 
-  view forward(const view& x) {
-    this->run_pre(x);
+  template <std::size_t R>
+  view_of<R> forward(const view_of<R>& x) {
+    if (this->has_hooks()) this->run_pre(detail::as_rows(x));
     stream_ = counter_++;
-    ensure(y_, x.shape());
+    detail::ensure_numel(y_, x.numel());
     locus::detail::launch_n<D>(x.numel(), locus::detail::dropout_kernel<C>{x.data_handle(), y_.data_handle(), seed_, stream_, p_});
-    view y = std::as_const(y_).view();
-    this->run_post(x, y);
+    const view_of<R> y = detail::shaped(y_, x.shape());
+    if (this->has_hooks()) this->run_post(detail::as_rows(x), detail::as_rows(y));
     return y;
   }
-  view backward(const view& gy, bool = true) {
-    ensure(gx_, gy.shape());
+  template <std::size_t R>
+  view_of<R> backward(const view_of<R>& gy, bool = true) {
+    detail::ensure_numel(gx_, gy.numel());
     locus::detail::launch_n<D>(gy.numel(), locus::detail::dropout_kernel<C>{gy.data_handle(), gx_.data_handle(), seed_, stream_, p_});
-    return std::as_const(gx_).view();
+    return detail::shaped(gx_, gy.shape());
   }
-  tensor<C, D, 2> infer(const view& x) const {
-    this->run_pre(x);
-    tensor<C, D, 2> y(x.shape());
+  template <std::size_t R>
+  tensor<C, D, R> infer(const view_of<R>& x) const {
+    if (this->has_hooks()) this->run_pre(detail::as_rows(x));
+    tensor<C, D, R> y(x.shape());
     copy(x, y);
-    this->run_post(x, std::as_const(y).view());
+    if (this->has_hooks()) this->run_post(detail::as_rows(x), detail::as_rows(std::as_const(y).view()));
     return y;
   }
 
  private:
-  static void ensure(tensor<C, D, 2>& t, const extents<2>& s) { detail::ensure_shape(t, s); }
   float p_;
   std::uint64_t seed_, stream_ = 0, counter_ = 0;
-  tensor<C, D, 2> y_, gx_;
+  tensor<C, D, 1> y_, gx_;
 };
 
 namespace detail {
@@ -415,16 +474,101 @@ constexpr bool check_layers() {
     return false;
   }
 }
-}  // namespace detail
 
-namespace detail {
+/// The rank a layer returns for an input of rank R (0 in output_rank: the input's).
+template <class L, std::size_t R>
+constexpr std::size_t rank_out() {
+  if constexpr (L::output_rank == 0) return R;
+  else return L::output_rank;
+}
+
+/// Whether layer number Layer (from 0), which takes rank Takes (0: any), can follow
+/// an activation of rank Gets. The instantiation's arguments name the layer's position
+/// and both ranks in the compiler's notes under the message.
+template <std::size_t Layer, std::size_t Takes, std::size_t Gets>
+constexpr bool layer_takes_rank() {
+  if constexpr (Takes == 0 || Takes == Gets) {
+    return true;
+  } else if constexpr (Takes == 2 && Gets == 4) {
+    static_assert(Takes != 2,
+                  "locus: a sequential model feeds a rank-4 activation [batch, channels, height, width] into a layer "
+                  "that takes rank 2 [batch, features] (such as linear); insert locus::nn::flatten<D, P>() before "
+                  "that layer (its position is 'Layer' in the note below, counted from 0)");
+    return false;
+  } else if constexpr (Takes == 4 && Gets == 2) {
+    static_assert(Takes != 4,
+                  "locus: a sequential model feeds a rank-2 activation [batch, features] into a layer that takes "
+                  "rank 4 [batch, channels, height, width] (conv2d, pooling, batch_norm2d, flatten); put it before "
+                  "the flatten, or start the model with it (its input is then [batch, channels, height, width]); "
+                  "its position is 'Layer' in the note below, counted from 0");
+    return false;
+  } else {
+    static_assert(Takes == Gets,
+                  "locus: a sequential model feeds an activation of one rank into a layer that takes another "
+                  "('Gets' and 'Takes' in the note below; 'Layer' is its position, counted from 0); insert a "
+                  "layer that changes the rank (locus::nn::flatten<D, P>() for rank 4 to rank 2)");
+    return false;
+  }
+}
+
+template <std::size_t I, std::size_t R, class... Layers>
+constexpr bool check_ranks() {
+  if constexpr (I == sizeof...(Layers)) {
+    return true;
+  } else {
+    using L = std::tuple_element_t<I, std::tuple<Layers...>>;
+    if constexpr (!layer_takes_rank<I, L::input_rank, R>()) return false;
+    else return check_ranks<I + 1, rank_out<L, R>(), Layers...>();
+  }
+}
+
+/// The rank a model of these layers takes: the first layer's that is not "any" (2 when
+/// every layer takes any rank).
+template <class... Layers>
+constexpr std::size_t first_input_rank() {
+  std::size_t r = 0;
+  ((r = r == 0 ? Layers::input_rank : r), ...);
+  return r == 0 ? 2 : r;
+}
+template <std::size_t I, std::size_t R, class... Layers>
+constexpr std::size_t rank_after() {
+  if constexpr (I == 0) {
+    return R;
+  } else {
+    using L = std::tuple_element_t<I - 1, std::tuple<Layers...>>;
+    return rank_out<L, rank_after<I - 1, R, Layers...>()>();
+  }
+}
+
 template <class L>
 struct is_dropout : std::false_type {};
 template <Device D, class P>
 struct is_dropout<dropout<D, P>> : std::true_type {};
+
+/// A layer's output shape for an input shape (layers without output_shape() keep every
+/// extent but the last, which output_features maps).
+template <class L>
+std::vector<index_t> layer_output_shape(const L& l, std::vector<index_t> in) {
+  if constexpr (requires { l.output_shape(in); }) {
+    return l.output_shape(in);
+  } else {
+    if (in.empty()) throw shape_error("locus: " + l.describe() + " got an input of rank 0");
+    in.back() = l.output_features(in.back());
+    return in;
+  }
+}
 }  // namespace detail
 
 /// Layers applied in order. Owns the parameter store of all of them.
+///
+/// Ranks are part of the model's type: each layer takes rank 2 [batch, features]
+/// (linear), rank 4 [batch, channels, height, width] (conv2d, pooling, batch_norm2d,
+/// flatten) or any rank (activations, dropout), and a layer fed a rank it does not take
+/// is a compile error that names its position and says what to insert. The model takes
+/// input_rank and returns output_rank. Channel and feature counts are checked when the
+/// model is built (shape_error naming the layer's position), as far as they are known
+/// without an input: a linear layer after a flatten is checked at the first batch, or
+/// at once by output_shape() / summary() with the input's shape.
 template <class... Layers>
 class sequential {
   static_assert(sizeof...(Layers) > 0,
@@ -439,33 +583,47 @@ class sequential {
   using policy = typename first::policy;
   using C = typename policy::compute;
   using M = typename policy::master;
-  using view = tensor_view<const C, device, 2>;
-  using store_type = parameter_store<device, policy>;
   static constexpr std::size_t size = sizeof...(Layers);
+  /// The rank of the model's input and of its output.
+  static constexpr std::size_t input_rank = detail::first_input_rank<Layers...>();
+  static constexpr std::size_t output_rank = detail::rank_after<size, input_rank, Layers...>();
+  using input_view = tensor_view<const C, device, input_rank>;
+  using output_view = tensor_view<const C, device, output_rank>;
+  using view = output_view;
+  using store_type = parameter_store<device, policy>;
   /// Whether a layer is a dropout (the trainer's graph mode refuses such models: a
   /// replay would repeat the captured mask).
   static constexpr bool has_dropout = (detail::is_dropout<Layers>::value || ...);
   static_assert(detail::check_layers<first, Layers...>());
+  static_assert(detail::check_ranks<0, input_rank, Layers...>());
 
-  /// Takes the layers, allocates their parameters and initialises them from `seed`.
-  explicit sequential(Layers... layers) : layers_(std::move(layers)...) { setup(0); }
+  /// Takes the layers, checks their channel and feature counts, allocates their
+  /// parameters and initialises them from seed 0.
+  explicit sequential(Layers... layers) : layers_(std::move(layers)...) {
+    check_widths();
+    setup(0);
+  }
 
   // Layers point at the store: a move re-points them.
   sequential(sequential&& other) noexcept
-      : layers_(std::move(other.layers_)), store_(std::move(other.store_)), seed_(other.seed_) {
+      : layers_(std::move(other.layers_)), store_(std::move(other.store_)), seed_(other.seed_),
+        first_entry_(other.first_entry_), has_params_(other.has_params_) {
     rebind();
   }
   sequential& operator=(sequential&& other) noexcept {
     layers_ = std::move(other.layers_);
     store_ = std::move(other.store_);
     seed_ = other.seed_;
+    first_entry_ = other.first_entry_;
+    has_params_ = other.has_params_;
     rebind();
     return *this;
   }
   sequential(const sequential&) = delete;
   sequential& operator=(const sequential&) = delete;
 
-  /// Re-draws every parameter as PyTorch initialises it, from Philox(seed).
+  /// Re-draws every parameter as PyTorch initialises it, from Philox(seed), and resets
+  /// the buffers (batch norm's running statistics).
   void reset_parameters(std::uint64_t seed) {
     seed_ = seed;
     std::apply([&](auto&... l) { (l.reset_parameters(seed), ...); }, layers_);
@@ -488,27 +646,61 @@ class sequential {
     std::size_t i = 0;
     std::apply([&](auto&... l) { (f(i++, l), ...); }, layers_);
   }
+  template <class F>
+  void for_each_layer(F&& f) const {
+    std::size_t i = 0;
+    std::apply([&](const auto&... l) { (f(i++, l), ...); }, layers_);
+  }
+
+  /// Calls f(name, view) for every buffer: state that is not a parameter (no gradient,
+  /// no optimizer), such as batch norm's running statistics, named as PyTorch names it
+  /// ("1.running_mean", "1.running_var", "1.num_batches_tracked"); view is a rank-1
+  /// tensor_view of the master dtype or of i64.
+  template <class F>
+  void for_each_buffer(F&& f) {
+    std::size_t i = 0;
+    const auto one = [&](auto& l) {
+      if constexpr (requires { l.for_each_buffer(std::string{}, f); }) l.for_each_buffer(std::to_string(i) + ".", f);
+      ++i;
+    };
+    std::apply([&](auto&... l) { (one(l), ...); }, layers_);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) const {
+    std::size_t i = 0;
+    const auto one = [&](const auto& l) {
+      if constexpr (requires { l.for_each_buffer(std::string{}, f); }) l.for_each_buffer(std::to_string(i) + ".", f);
+      ++i;
+    };
+    std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
+  }
 
   store_type& parameters() noexcept { return store_; }
   const store_type& parameters() const noexcept { return store_; }
 
+  /// The output shape for an input of this shape ([batch, features] or [batch, channels,
+  /// height, width]); a shape a layer cannot take is a shape_error naming the layer's
+  /// position, the layer and both shapes.
+  [[nodiscard]] std::vector<index_t> output_shape(std::vector<index_t> shape) const {
+    walk_shapes(std::move(shape), [](std::size_t, const auto&, const std::vector<index_t>&) {});
+    return last_shape_;
+  }
+
   /// A table of the layers for an input of [batch, features]: each layer as written, its
   /// output shape and parameter count, then the total and the bytes of master weights.
   /// An input width that the first layer does not take is a shape_error naming the layer.
-  [[nodiscard]] std::string summary(index_t batch, index_t features) const {
-    std::string out = "  #  layer                         output             parameters\n";
-    index_t width = features, total = 0;
-    std::size_t i = 0;
-    char line[160];
-    const auto row = [&](const auto& l) {
-      width = l.output_features(width);
-      const std::string shape = "[" + std::to_string(batch) + ", " + std::to_string(width) + "]";
-      std::snprintf(line, sizeof line, "%3zu  %-28s  %-17s  %12lld\n", i++, l.describe().c_str(), shape.c_str(),
-                    static_cast<long long>(l.parameter_count()));
+  [[nodiscard]] std::string summary(index_t batch, index_t features) const { return summary({batch, features}); }
+  /// The same for an input of any shape, e.g. summary({128, 1, 28, 28}) for images.
+  [[nodiscard]] std::string summary(std::vector<index_t> input_shape) const {
+    std::string out = "  #  layer                         output                 parameters\n";
+    index_t total = 0;
+    char line[200];
+    walk_shapes(std::move(input_shape), [&](std::size_t i, const auto& l, const std::vector<index_t>& shape) {
+      std::snprintf(line, sizeof line, "%3zu  %-28s  %-21s  %12lld\n", i, l.describe().c_str(),
+                    detail::shape_list(shape).c_str(), static_cast<long long>(l.parameter_count()));
       out += line;
       total += l.parameter_count();
-    };
-    std::apply([&](const auto&... l) { (row(l), ...); }, layers_);
+    });
     std::snprintf(line, sizeof line, "     total: %lld parameters, %s of %s master weights on %s\n",
                   static_cast<long long>(total),
                   out_of_memory::format_bytes(static_cast<std::size_t>(total) * sizeof(M)).c_str(),
@@ -518,17 +710,17 @@ class sequential {
   }
 
   /// The training forward (saves what backward needs; x must stay alive until then).
-  view forward(const view& x) { return forward_from<0>(x); }
+  output_view forward(const input_view& x) { return forward_from<0>(x); }
 
   /// Backpropagates dL/d(output); parameter gradients accumulate into the store.
   /// Returns dL/d(input) when need_input_grad (an empty view otherwise: the first layer
   /// then skips that GEMM).
-  view backward(const view& gy, bool need_input_grad = false) {
+  input_view backward(const output_view& gy, bool need_input_grad = false) {
     return backward_from<size - 1>(gy, need_input_grad);
   }
 
-  /// The inference forward: saves nothing.
-  tensor<C, device, 2> infer(const view& x) const { return infer_from<0>(x); }
+  /// The inference forward: saves nothing (batch norm uses its running statistics).
+  tensor<C, device, output_rank> infer(const input_view& x) const { return infer_from<0>(x); }
 
   /// Called during backward each time a layer with parameters has written its
   /// gradients, with the flat-buffer offset from which every gradient is now final
@@ -538,6 +730,48 @@ class sequential {
   void set_gradients_final(std::function<void(index_t first_final)> f) { grads_final_ = std::move(f); }
 
  private:
+  static std::string position(std::size_t i) { return "locus: sequential layer " + std::to_string(i) + ": "; }
+  static std::string without_prefix(const char* m) {
+    const std::string s = m;
+    return s.rfind("locus: ", 0) == 0 ? s.substr(7) : s;
+  }
+
+  /// The channel and feature counts, layer to layer, as far as they are known without an
+  /// input (output_width(-1): unknown, e.g. after a flatten).
+  void check_widths() const {
+    index_t w = -1;
+    std::size_t i = 0;
+    const auto one = [&](const auto& l) {
+      try {
+        w = l.output_width(w);
+      } catch (const shape_error& e) {
+        throw shape_error(position(i) + without_prefix(e.what()) +
+                          (i > 0 ? " (the output of the layer before it)" : ""));
+      }
+      ++i;
+    };
+    std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
+  }
+
+  template <class F>
+  void walk_shapes(std::vector<index_t> shape, F&& f) const {
+    std::size_t i = 0;
+    const auto one = [&](const auto& l) {
+      try {
+        shape = detail::layer_output_shape(l, shape);
+      } catch (const shape_error& e) {
+        throw shape_error(position(i) + without_prefix(e.what()));
+      }
+      f(i, l, shape);
+      ++i;
+    };
+    if (shape.size() != input_rank)
+      throw shape_error("locus: this model takes rank-" + std::to_string(input_rank) + " input, but the shape " +
+                        detail::shape_list(shape) + " has rank " + std::to_string(shape.size()));
+    std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
+    last_shape_ = shape;
+  }
+
   void rebind() noexcept {
     std::apply([&](auto&... l) { (l.bind(store_), ...); }, layers_);
   }
@@ -557,11 +791,14 @@ class sequential {
   }
 
   template <std::size_t I>
+  using layer_t = std::tuple_element_t<I, std::tuple<Layers...>>;
+  template <std::size_t I>
+  static constexpr std::size_t rank_at = detail::rank_after<I, input_rank, Layers...>();  // layer I's input
+
+  template <std::size_t I>
   static constexpr bool fuses_next() {
     if constexpr (I + 1 < size) {
-      using L = std::tuple_element_t<I, std::tuple<Layers...>>;
-      using N = std::tuple_element_t<I + 1, std::tuple<Layers...>>;
-      if constexpr (detail::layer_traits<L>::is_linear && N::is_activation) return true;
+      if constexpr (detail::layer_traits<layer_t<I>>::is_linear && layer_t<I + 1>::is_activation) return true;
       else return false;
     } else {
       return false;
@@ -569,7 +806,7 @@ class sequential {
   }
 
   template <std::size_t I>
-  view forward_from(const view& x) {
+  output_view forward_from(const tensor_view<const C, device, rank_at<I>>& x) {
     if constexpr (I == size) {
       return x;
     } else {
@@ -581,7 +818,7 @@ class sequential {
           return forward_from<I + 2>(l.forward(x, std::remove_reference_t<decltype(a)>::kind));
         }
       }
-      if constexpr (detail::layer_traits<std::remove_reference_t<decltype(l)>>::is_linear)
+      if constexpr (detail::layer_traits<layer_t<I>>::is_linear)
         return forward_from<I + 1>(l.forward(x, detail::act_kind::none));
       else
         return forward_from<I + 1>(l.forward(x));
@@ -589,45 +826,34 @@ class sequential {
   }
 
   template <std::size_t I>
-  view backward_from(const view& gy, bool need_input_grad) {
+  input_view backward_from(const tensor_view<const C, device, rank_at<I + 1>>& gy, bool need_input_grad) {
     auto& l = std::get<I>(layers_);
-    if constexpr (std::remove_reference_t<decltype(l)>::is_activation) {
+    if constexpr (layer_t<I>::is_activation) {
       if (l.fused()) {  // the linear layer before it differentiates both
         if constexpr (I > 0) return backward_from<I - 1>(gy, need_input_grad);
         else return gy;
       }
     }
-    const view g = l.backward(gy, I > 0 || need_input_grad);
+    const tensor_view<const C, device, rank_at<I>> g = l.backward(gy, I > 0 || need_input_grad);
     if (grads_final_ && has_params_[I]) grads_final_(store_.entries()[first_entry_[I]].offset);
     if constexpr (I > 0) return backward_from<I - 1>(g, need_input_grad);
     else return g;
   }
 
   template <std::size_t I>
-  tensor<C, device, 2> infer_from(const view& x) const {
+  tensor<C, device, output_rank> infer_from(const tensor_view<const C, device, rank_at<I>>& x) const {
     const auto& l = std::get<I>(layers_);
-    tensor<C, device, 2> y;
-    std::size_t next = I + 1;
     if constexpr (fuses_next<I>()) {
       const auto& a = std::get<I + 1>(layers_);
       if (!l.has_hooks() && !a.has_hooks()) {
-        y = l.infer(x, std::remove_reference_t<decltype(a)>::kind);
-        next = I + 2;
-      } else {
-        y = l.infer(x);
-      }
-    } else {
-      y = l.infer(x);
-    }
-    if constexpr (I + 1 < size) {
-      if (next == I + 2) {
+        tensor<C, device, rank_at<I + 2>> y = l.infer(x, std::remove_reference_t<decltype(a)>::kind);
         if constexpr (I + 2 < size) return infer_from<I + 2>(std::as_const(y).view());
         else return y;
       }
-      return infer_from<I + 1>(std::as_const(y).view());
-    } else {
-      return y;
     }
+    tensor<C, device, rank_at<I + 1>> y = l.infer(x);
+    if constexpr (I + 1 < size) return infer_from<I + 1>(std::as_const(y).view());
+    else return y;
   }
 
   std::tuple<Layers...> layers_;
@@ -636,6 +862,7 @@ class sequential {
   std::array<std::size_t, size> first_entry_{};  // each layer's first parameter in the store
   std::array<bool, size> has_params_{};
   std::function<void(index_t)> grads_final_;
+  mutable std::vector<index_t> last_shape_;
 };
 
 template <class... Layers>

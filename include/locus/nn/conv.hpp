@@ -1,0 +1,1023 @@
+// Layers of convolutional networks, on rank-4 activations [batch, channels, height,
+// width] (NCHW, PyTorch's layout), for every device and precision policy:
+//
+//   using D = locus::cpu; using P = locus::amp::fp32;
+//   locus::nn::sequential model(
+//       locus::nn::conv2d<D, P>(1, 32, 3, {.padding = 1}), locus::nn::batch_norm2d<D, P>(32),
+//       locus::nn::relu<D, P>(), locus::nn::max_pool2d<D, P>(2),
+//       locus::nn::flatten<D, P>(), locus::nn::linear<D, P>(32 * 14 * 14, 10));
+//
+// conv2d: weight [out, in / groups, k, k] and bias [out], initialised as PyTorch's
+// nn.Conv2d (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * k * k); stride,
+// padding, dilation and groups as PyTorch's. The GEMM is the device's (host BLAS or
+// oneDNN, cuBLASLt on cuda) on im2col columns: on host devices one sample per OpenMP
+// thread (im2col into that thread's buffer, a single-threaded GEMM per group, the
+// weight gradient summed per thread and then in thread order), with every buffer owned
+// by the layer and reused, so a steady-state step allocates nothing; on cuda (and on the
+// host through detail::conv_generic_path, which the tests use) a loop over samples of
+// the one-source im2col and col2im kernels around matmul_into. cuDNN is not used.
+//
+// Pooling: max_pool2d (NaN propagates, as PyTorch), avg_pool2d (count_include_pad as
+// PyTorch, on by default), adaptive_avg_pool2d. batch_norm2d: batch statistics in
+// training (forward), running statistics in inference (infer), statistics and the
+// affine parameters in the master dtype (f32 under mixed precision), running_mean,
+// running_var and num_batches_tracked as buffers under PyTorch's names. flatten: rank 4
+// to rank 2 [batch, channels * height * width], a view (no copy) in training.
+//
+// Bad input: a channel count that does not match is a shape_error naming the layer and
+// both counts (at construction when the previous layer's width is known, otherwise at
+// the first batch); a kernel larger than the padded input, a zero stride, groups that
+// do not divide the channels, a padding over half the pooling window, and batch norm
+// over a single value per channel are errors that change nothing.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "../backend/blas.hpp"
+#include "conv_kernels.hpp"
+#include "layers.hpp"
+
+namespace locus::nn {
+
+namespace detail {
+/// Tests: run conv2d's device-generic path (per-sample matmul_into around the im2col and
+/// col2im kernels, what cuda runs) on host devices too.
+inline std::atomic<bool>& conv_generic_path() noexcept {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+inline int host_threads() noexcept {
+#if defined(_OPENMP)
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+inline int host_thread_id() noexcept {
+#if defined(_OPENMP)
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+inline std::string dims4(const extents<4>& s) {
+  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ", " +
+         std::to_string(s[3]) + "]";
+}
+
+/// Checks a rank-4 input's channels; throws shape_error naming the layer.
+inline void check_channels(const std::string& layer, index_t expected, const extents<4>& s) {
+  if (s[1] != expected)
+    throw shape_error("locus: " + layer + " takes " + std::to_string(expected) + " channels, but its input " +
+                      dims4(s) + " has " + std::to_string(s[1]));
+}
+inline std::vector<index_t> check_rank4(const std::string& layer, const std::vector<index_t>& in) {
+  if (in.size() != 4)
+    throw shape_error("locus: " + layer + " takes [batch, channels, height, width], but its input is " +
+                      shape_list(in));
+  return in;
+}
+
+/// Host im2col of one sample's group into col [depth, ho * wo] (row by row).
+template <class In, class G>
+void im2col_host(const In* x, G* col, const locus::detail::conv_geometry& g) {
+  const index_t hw = g.hw();
+  for (index_t c = 0; c < g.cg(); ++c) {
+    const In* xc = x + c * g.h * g.w;
+    for (index_t ky = 0; ky < g.kh; ++ky) {
+      for (index_t kx = 0; kx < g.kw; ++kx) {
+        G* row = col + ((c * g.kh + ky) * g.kw + kx) * hw;
+        const index_t off_x = kx * g.dil - g.pad;
+        // the output columns whose input column lies inside [0, w)
+        index_t ow0 = 0, ow1 = g.wo;
+        while (ow0 < g.wo && ow0 * g.stride + off_x < 0) ++ow0;
+        while (ow1 > ow0 && (ow1 - 1) * g.stride + off_x >= g.w) --ow1;
+        for (index_t oh = 0; oh < g.ho; ++oh) {
+          G* r = row + oh * g.wo;
+          const index_t ih = oh * g.stride - g.pad + ky * g.dil;
+          if (ih < 0 || ih >= g.h) {
+            for (index_t ow = 0; ow < g.wo; ++ow) r[ow] = G(0);
+            continue;
+          }
+          const In* xr = xc + ih * g.w + off_x;
+          for (index_t ow = 0; ow < ow0; ++ow) r[ow] = G(0);
+          if (g.stride == 1) {
+            for (index_t ow = ow0; ow < ow1; ++ow) r[ow] = static_cast<G>(locus::detail::load(xr[ow]));
+          } else {
+            for (index_t ow = ow0; ow < ow1; ++ow) r[ow] = static_cast<G>(locus::detail::load(xr[ow * g.stride]));
+          }
+          for (index_t ow = ow1; ow < g.wo; ++ow) r[ow] = G(0);
+        }
+      }
+    }
+  }
+}
+
+/// Host col2im of one sample's group: dx [cg, h, w] += the columns (dx zeroed by the
+/// caller), rows in order.
+template <class G>
+void col2im_host(const G* col, G* dx, const locus::detail::conv_geometry& g) {
+  const index_t hw = g.hw();
+  for (index_t c = 0; c < g.cg(); ++c) {
+    G* dc = dx + c * g.h * g.w;
+    for (index_t ky = 0; ky < g.kh; ++ky) {
+      for (index_t kx = 0; kx < g.kw; ++kx) {
+        const G* row = col + ((c * g.kh + ky) * g.kw + kx) * hw;
+        const index_t off_x = kx * g.dil - g.pad;
+        index_t ow0 = 0, ow1 = g.wo;
+        while (ow0 < g.wo && ow0 * g.stride + off_x < 0) ++ow0;
+        while (ow1 > ow0 && (ow1 - 1) * g.stride + off_x >= g.w) --ow1;
+        for (index_t oh = 0; oh < g.ho; ++oh) {
+          const index_t ih = oh * g.stride - g.pad + ky * g.dil;
+          if (ih < 0 || ih >= g.h) continue;
+          const G* r = row + oh * g.wo;
+          G* dr = dc + ih * g.w + off_x;
+          if (g.stride == 1) {
+            for (index_t ow = ow0; ow < ow1; ++ow) dr[ow] += r[ow];
+          } else {
+            for (index_t ow = ow0; ow < ow1; ++ow) dr[ow * g.stride] += r[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class G>
+locus::detail::gemm_operand<const G> op(const G* p, index_t rs, index_t cs) {
+  return {p, 0, rs, cs};
+}
+}  // namespace detail
+
+/// conv2d's options (PyTorch's nn.Conv2d arguments; square kernels and windows).
+struct conv2d_options {
+  index_t stride = 1;
+  index_t padding = 0;
+  index_t dilation = 1;
+  index_t groups = 1;
+  bool bias = true;
+};
+
+/// y = conv(x, w) + b over NCHW: x [n, in, h, w] -> y [n, out, ho, wo].
+template <Device D, class Policy>
+class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
+ public:
+  using device = D;
+  using policy = locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  using M = typename policy::master;
+  using view = tensor_view<const C, D, 4>;
+  static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 4, output_rank = 4;
+  static constexpr const char* layer_name = "conv2d";
+
+  conv2d(index_t in_channels, index_t out_channels, index_t kernel_size, conv2d_options o = {})
+      : in_(in_channels), out_(out_channels), k_(kernel_size), o_(o) {
+    const auto bad = [&](const std::string& why) {
+      throw shape_error("locus: " + describe() + ": " + why);
+    };
+    if (in_ <= 0 || out_ <= 0) bad("needs positive channel counts");
+    if (k_ <= 0) bad("needs a positive kernel size");
+    if (o_.stride <= 0) bad("stride must be at least 1, got " + std::to_string(o_.stride));
+    if (o_.padding < 0) bad("padding must not be negative, got " + std::to_string(o_.padding));
+    if (o_.dilation <= 0) bad("dilation must be at least 1, got " + std::to_string(o_.dilation));
+    if (o_.groups <= 0) bad("groups must be at least 1, got " + std::to_string(o_.groups));
+    if (in_ % o_.groups != 0 || out_ % o_.groups != 0)
+      bad("groups (" + std::to_string(o_.groups) + ") must divide both the input channels (" + std::to_string(in_) +
+          ") and the output channels (" + std::to_string(out_) + ")");
+  }
+
+  [[nodiscard]] index_t in_channels() const noexcept { return in_; }
+  [[nodiscard]] index_t out_channels() const noexcept { return out_; }
+  [[nodiscard]] index_t kernel_size() const noexcept { return k_; }
+  [[nodiscard]] const conv2d_options& options() const noexcept { return o_; }
+  [[nodiscard]] bool has_bias() const noexcept { return o_.bias; }
+
+  [[nodiscard]] std::string describe() const {
+    std::string s = "conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) + ", " + std::to_string(k_);
+    if (o_.stride != 1) s += ", stride=" + std::to_string(o_.stride);
+    if (o_.padding != 0) s += ", padding=" + std::to_string(o_.padding);
+    if (o_.dilation != 1) s += ", dilation=" + std::to_string(o_.dilation);
+    if (o_.groups != 1) s += ", groups=" + std::to_string(o_.groups);
+    if (!o_.bias) s += ", bias=false";
+    return s + ")";
+  }
+  [[nodiscard]] index_t output_width(index_t in) const {
+    if (in >= 0 && in != in_)
+      throw shape_error("locus: " + describe() + " takes " + std::to_string(in_) + " channels, but its input has " +
+                        std::to_string(in));
+    return out_;
+  }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    const auto g = geometry(extents<4>{in[0], in[1], in[2], in[3]});
+    return {g.n, g.k, g.ho, g.wo};
+  }
+  [[nodiscard]] index_t parameter_count() const noexcept {
+    return out_ * (in_ / o_.groups) * k_ * k_ + (o_.bias ? out_ : 0);
+  }
+
+  void declare(parameter_store<D, policy>& s, const std::string& prefix) {
+    w_ = s.add(prefix + "weight", {out_, in_ / o_.groups, k_, k_});
+    if (o_.bias) b_ = s.add(prefix + "bias", {out_});
+  }
+  void bind(parameter_store<D, policy>& s) { store_ = &s; }
+
+  /// PyTorch's nn.Conv2d initialisation: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  void reset_parameters(std::uint64_t seed) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>((in_ / o_.groups) * k_ * k_));
+    fill_uniform(store_->master_flat(w_), seed, w_ + 1, bound);
+    if (o_.bias) fill_uniform(store_->master_flat(b_), seed, b_ + 1, bound);
+  }
+
+  /// The geometry of a call on input shape s (shape_error when the channels differ or the
+  /// kernel does not fit the padded input).
+  [[nodiscard]] locus::detail::conv_geometry geometry(const extents<4>& s) const {
+    detail::check_channels(describe(), in_, s);
+    locus::detail::conv_geometry g;
+    g.n = s[0];
+    g.c = s[1];
+    g.h = s[2];
+    g.w = s[3];
+    g.k = out_;
+    g.kh = g.kw = k_;
+    g.stride = o_.stride;
+    g.pad = o_.padding;
+    g.dil = o_.dilation;
+    g.groups = o_.groups;
+    g.ho = locus::detail::conv_out_extent(g.h, k_, g.stride, g.pad, g.dil);
+    g.wo = locus::detail::conv_out_extent(g.w, k_, g.stride, g.pad, g.dil);
+    if (g.ho <= 0 || g.wo <= 0)
+      throw shape_error("locus: " + describe() + ": the kernel (" + std::to_string(g.dil * (k_ - 1) + 1) +
+                        " wide with dilation) is larger than the padded input " + detail::dims4(s) + " (padding " +
+                        std::to_string(g.pad) + ")");
+    return g;
+  }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    x_ = x;
+    detail::ensure_numel(y_, g.n * g.k * g.hw());
+    run_forward(g, x.data_handle(), y_.data_handle());
+    const view y = detail::shaped(y_, extents<4>{g.n, g.k, g.ho, g.wo});
+    this->run_post(x, y);
+    return y;
+  }
+
+  /// Accumulates dL/dw and dL/db; returns dL/dx (empty when need_input_grad is false).
+  view backward(const view& gy, bool need_input_grad = true) {
+    const auto g = geometry(x_.shape());
+    if (gy.shape() != extents<4>{g.n, g.k, g.ho, g.wo})
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()) +
+                        " for an output of shape " + detail::dims4(extents<4>{g.n, g.k, g.ho, g.wo}));
+    if (need_input_grad) detail::ensure_numel(gx_, x_.numel());
+    C* gx = need_input_grad ? gx_.data_handle() : nullptr;
+    if (o_.bias) {
+      auto [db, fresh] = store_->grad_flat_out(b_);
+      locus::detail::launch_n<D>(out_, locus::detail::channel_sum_kernel<C, M>{gy.data_handle(), db.data_handle(), g.n,
+                                                                            g.k, g.hw(), fresh},
+                                 g.n * g.hw());
+    }
+    auto [gw, fresh] = store_->grad_flat_out(w_);
+    if (use_host_path()) backward_host(g, gy.data_handle(), gw.data_handle(), fresh, gx);
+    else backward_generic(g, gy, gw, fresh, gx);
+    if (!need_input_grad) return {};
+    return detail::shaped(gx_, x_.shape());
+  }
+
+  tensor<C, D, 4> infer(const view& x) const {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    tensor<C, D, 4> y(extents<4>{g.n, g.k, g.ho, g.wo});
+    run_forward(g, x.data_handle(), y.data_handle());
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+  [[nodiscard]] tensor_view<const C, D, 4> weight() const { return store_->template compute<4>(w_); }
+  [[nodiscard]] std::size_t weight_index() const noexcept { return w_; }
+  [[nodiscard]] std::size_t bias_index() const noexcept { return b_; }
+
+ private:
+  // The host GEMMs compute in f64 for f64 and in f32 otherwise (f16 / bf16 widened).
+  using G = std::conditional_t<std::is_same_v<C, double>, double, float>;
+  static constexpr bool host_device = std::is_same_v<typename D::execution, locus::detail::host_execution>;
+
+  static bool use_host_path() noexcept {
+    if constexpr (host_device) return !detail::conv_generic_path().load(std::memory_order_relaxed);
+    else return false;
+  }
+
+  void fill_uniform(tensor_view<M, D, 1> v, std::uint64_t seed, std::uint64_t stream, double bound) {
+    locus::detail::launch_n<D>(v.numel(), locus::detail::uniform_init_kernel<M>{v.data_handle(), seed, stream,
+                                                                                 -bound, bound});
+  }
+
+  const C* bias_ptr() const { return o_.bias ? store_->template compute<1>(b_).data_handle() : nullptr; }
+
+  /// The compute weights as G (a widened copy for f16 / bf16, the weights themselves otherwise).
+  const G* weights_g() const {
+    const C* w = weight().data_handle();
+    if constexpr (std::is_same_v<C, G>) {
+      return w;
+    } else {
+      const index_t n = store_->entries()[w_].numel;
+      detail::ensure_numel(wg_, n);
+      for (index_t i = 0; i < n; ++i) wg_.data_handle()[i] = static_cast<G>(locus::detail::load(w[i]));
+      return wg_.data_handle();
+    }
+  }
+
+  void run_forward(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+    if (g.n == 0) return;
+    if (use_host_path()) forward_host(g, x, y);
+    else forward_generic(g, x, y);
+  }
+
+  // ---- host: a sample per thread, im2col into the thread's buffer, one GEMM per group ----
+  void forward_host(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+    if constexpr (host_device) {
+      const G* w = weights_g();
+      const C* b = bias_ptr();
+      const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
+      const int threads = g.n >= 2 ? detail::host_threads() : 1;
+      constexpr bool direct = std::is_same_v<C, G>;  // the GEMM writes y itself
+      const index_t per = depth * hw + (direct ? 0 : kg * hw);
+      detail::ensure_numel(scratch_, per * threads);
+      G* const scratch = scratch_.data_handle();
+      const auto sample = [&](index_t n, int t) {
+        G* col = scratch + per * t;
+        G* obuf = col + depth * hw;
+        for (index_t grp = 0; grp < g.groups; ++grp) {
+          detail::im2col_host(x + (n * g.c + grp * g.cg()) * g.h * g.w, col, g);
+          C* yg = y + (n * g.k + grp * kg) * hw;
+          G* out;
+          if constexpr (direct) out = yg;
+          else out = obuf;
+          locus::detail::host_gemm<G>(1, kg, hw, depth, detail::op(w + grp * kg * depth, depth, 1),
+                                      detail::op<G>(col, hw, 1), {out, 0, hw, 1});
+          for (index_t co = 0; co < kg; ++co) {
+            const G bv = b ? static_cast<G>(locus::detail::load(b[grp * kg + co])) : G(0);
+            G* o = out + co * hw;
+            C* yo = yg + co * hw;
+            for (index_t j = 0; j < hw; ++j) yo[j] = locus::detail::store<C>(o[j] + bv);
+          }
+        }
+      };
+      if (threads > 1) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+        for (index_t n = 0; n < g.n; ++n) sample(n, detail::host_thread_id());
+      } else {
+        for (index_t n = 0; n < g.n; ++n) sample(n, 0);
+      }
+    }
+  }
+
+  void backward_host(const locus::detail::conv_geometry& g, const C* gy, M* gw, bool fresh, C* gx) {
+    if constexpr (host_device) {
+      const G* w = weights_g();
+      const C* x = x_.data_handle();
+      const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
+      const index_t wsize = g.k * depth, plane = g.cg() * g.h * g.w;
+      const int threads = g.n >= 2 ? detail::host_threads() : 1;
+      constexpr bool direct = std::is_same_v<C, G>;
+      // per thread: its weight gradient, the columns, their gradient, dy widened, dx of a group
+      const index_t per = wsize + 2 * depth * hw + (direct ? 0 : kg * hw + plane);
+      detail::ensure_numel(scratch_, per * threads);
+      G* const scratch = scratch_.data_handle();
+      const auto sample = [&](index_t n, int t) {
+        G* dw = scratch + per * t;
+        G* col = dw + wsize;
+        G* dcol = col + depth * hw;
+        G* dyb = dcol + depth * hw;
+        G* dxb = dyb + kg * hw;
+        for (index_t grp = 0; grp < g.groups; ++grp) {
+          detail::im2col_host(x + (n * g.c + grp * g.cg()) * g.h * g.w, col, g);
+          const C* dyc = gy + (n * g.k + grp * kg) * hw;
+          const G* dy;
+          if constexpr (direct) {
+            dy = dyc;
+          } else {
+            for (index_t j = 0; j < kg * hw; ++j) dyb[j] = static_cast<G>(locus::detail::load(dyc[j]));
+            dy = dyb;
+          }
+          // dw_g += dy_g [kg, hw] x col^T [hw, depth]
+          locus::detail::host_gemm<G>(1, kg, depth, hw, detail::op(dy, hw, 1), detail::op<G>(col, 1, hw),
+                                      {dw + grp * kg * depth, 0, depth, 1}, true);
+          if (gx) {
+            // dcol = w_g^T [depth, kg] x dy_g [kg, hw], then col2im into dx of the group
+            locus::detail::host_gemm<G>(1, depth, hw, kg, detail::op(w + grp * kg * depth, 1, depth),
+                                        detail::op(dy, hw, 1), {dcol, 0, hw, 1});
+            C* dxc = gx + (n * g.c + grp * g.cg()) * g.h * g.w;
+            if constexpr (direct) {
+              for (index_t j = 0; j < plane; ++j) dxc[j] = G(0);
+              detail::col2im_host<G>(dcol, dxc, g);
+            } else {
+              for (index_t j = 0; j < plane; ++j) dxb[j] = G(0);
+              detail::col2im_host<G>(dcol, dxb, g);
+              for (index_t j = 0; j < plane; ++j) dxc[j] = locus::detail::store<C>(dxb[j]);
+            }
+          }
+        }
+      };
+      const auto zero_dw = [&](int t) {
+        G* dw = scratch + per * t;
+        for (index_t j = 0; j < wsize; ++j) dw[j] = G(0);
+      };
+      if (threads > 1) {
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+        {
+          zero_dw(detail::host_thread_id());
+#pragma omp for schedule(static)
+          for (index_t n = 0; n < g.n; ++n) sample(n, detail::host_thread_id());
+        }
+#endif
+      } else {
+        zero_dw(0);
+        for (index_t n = 0; n < g.n; ++n) sample(n, 0);
+      }
+      // the threads' sums in thread order (the same bits for the same thread count)
+      for (index_t j = 0; j < wsize; ++j) {
+        G s = scratch[j];
+        for (int t = 1; t < threads; ++t) s += scratch[per * t + j];
+        gw[j] = fresh ? static_cast<M>(s) : static_cast<M>(gw[j] + static_cast<M>(s));
+      }
+    } else {
+      (void)g, (void)gy, (void)gw, (void)fresh, (void)gx;
+    }
+  }
+
+  // ---- every device: per-sample matmul_into around the im2col / col2im kernels ----
+  using O = std::conditional_t<is_half_v<C>, float, C>;  // the GEMM's output dtype
+  template <class T, std::size_t R>
+  static tensor_view<T, D, R> raw(T* p, const extents<R>& s, const extents<R>& st) {
+    return {locus::detail::raw_view_key{}, p, s, st};
+  }
+
+  void forward_generic(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+    const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
+    detail::ensure_numel(gcol_, depth * hw);
+    constexpr bool direct = std::is_same_v<C, O>;
+    O* out = nullptr;
+    if constexpr (direct) {
+      out = y;
+    } else {
+      detail::ensure_numel(gout_, g.n * g.k * hw);
+      out = gout_.data_handle();
+    }
+    const C* w = weight().data_handle();
+    for (index_t n = 0; n < g.n; ++n) {
+      for (index_t grp = 0; grp < g.groups; ++grp) {
+        locus::detail::launch_n<D>(depth * hw, locus::detail::im2col_kernel<C, C>{
+                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, gcol_.data_handle(), g});
+        const auto wv = raw<const C, 2>(w + grp * kg * depth, {kg, depth}, {depth, 1});
+        const auto cv = raw<const C, 2>(gcol_.data_handle(), {depth, hw}, {hw, 1});
+        matmul_into(raw<O, 2>(out + (n * g.k + grp * kg) * hw, {kg, hw}, {hw, 1}), wv, cv);
+      }
+    }
+    const C* b = bias_ptr();
+    if (b || !direct)
+      locus::detail::launch_n<D>(g.n * g.k * hw, locus::detail::add_channel_bias_kernel<O, C>{out, b, y, g.k, hw});
+  }
+
+  void backward_generic(const locus::detail::conv_geometry& g, const view& gy, tensor_view<M, D, 1> gw, bool fresh,
+                        C* gx) {
+    static_assert(std::is_same_v<O, M>, "locus: conv2d's weight gradient is the GEMM's output dtype");
+    const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
+    detail::ensure_numel(gcol_, depth * hw);
+    if (gx) detail::ensure_numel(gdcol_, depth * hw);
+    const C* w = weight().data_handle();
+    const C* x = x_.data_handle();
+    bool first = fresh;
+    for (index_t n = 0; n < g.n; ++n) {
+      for (index_t grp = 0; grp < g.groups; ++grp) {
+        locus::detail::launch_n<D>(depth * hw, locus::detail::im2col_kernel<C, C>{
+                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, gcol_.data_handle(), g});
+        const auto dy = raw<const C, 2>(gy.data_handle() + (n * g.k + grp * kg) * hw, {kg, hw}, {hw, 1});
+        const auto colt = raw<const C, 2>(gcol_.data_handle(), {hw, depth}, {1, hw});  // col^T
+        auto dw = raw<M, 2>(gw.data_handle() + grp * kg * depth, {kg, depth}, {depth, 1});
+        if (first) matmul_into(dw, dy, colt);
+        else matmul_into(dw, dy, colt, locus::accumulate);
+        if (gx) {
+          const auto wt = raw<const C, 2>(w + grp * kg * depth, {depth, kg}, {1, depth});  // w_g^T
+          matmul_into(raw<O, 2>(gdcol_.data_handle(), {depth, hw}, {hw, 1}), wt, dy);
+          locus::detail::launch_n<D>(g.cg() * g.h * g.w, locus::detail::col2im_kernel<O, C>{
+                                                              gdcol_.data_handle(),
+                                                              gx + (n * g.c + grp * g.cg()) * g.h * g.w, g});
+        }
+      }
+      first = false;
+    }
+  }
+
+  index_t in_, out_, k_;
+  conv2d_options o_;
+  std::size_t w_ = 0, b_ = 0;
+  parameter_store<D, policy>* store_ = nullptr;
+  view x_;
+  tensor<C, D, 1> y_, gx_;
+  mutable tensor<G, D, 1> scratch_, wg_;  // host: per-thread buffers, widened weights
+  mutable tensor<C, D, 1> gcol_;          // generic path: one sample group's columns
+  mutable tensor<O, D, 1> gout_, gdcol_;
+};
+
+/// pooling's options: the stride (-1: the kernel size, PyTorch's default) and padding
+/// (at most half the kernel).
+struct pool2d_options {
+  index_t stride = -1;
+  index_t padding = 0;
+};
+
+namespace detail {
+template <class Derived, Device D, class Policy>
+class pool_base : public hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
+ public:
+  using device = D;
+  using policy = locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  using view = tensor_view<const C, D, 4>;
+  static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 4, output_rank = 4;
+
+  void declare(parameter_store<D, policy>&, const std::string&) {}
+  void bind(parameter_store<D, policy>&) {}
+  void reset_parameters(std::uint64_t) {}
+  [[nodiscard]] index_t output_width(index_t in) const noexcept { return in; }
+  [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
+};
+}  // namespace detail
+
+/// Max pooling over k x k windows (PyTorch's nn.MaxPool2d without dilation or ceil_mode).
+template <Device D, class Policy>
+class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
+  using base = detail::pool_base<max_pool2d<D, Policy>, D, Policy>;
+
+ public:
+  using typename base::C;
+  using typename base::view;
+  static constexpr const char* layer_name = "max_pool2d";
+
+  explicit max_pool2d(index_t kernel_size, pool2d_options o = {}) : g_{} {
+    g_.k = kernel_size;
+    g_.stride = o.stride == -1 ? kernel_size : o.stride;
+    g_.pad = o.padding;
+    if (kernel_size <= 0) throw shape_error("locus: " + describe() + ": needs a positive kernel size");
+    if (g_.stride <= 0)
+      throw shape_error("locus: " + describe() + ": stride must be at least 1, got " + std::to_string(g_.stride));
+    if (g_.pad < 0 || 2 * g_.pad > g_.k)
+      throw shape_error("locus: " + describe() + ": padding must be in [0, kernel_size / 2], got " +
+                        std::to_string(g_.pad));
+  }
+  [[nodiscard]] std::string describe() const {
+    std::string s = "max_pool2d(" + std::to_string(g_.k);
+    if (g_.stride != g_.k) s += ", stride=" + std::to_string(g_.stride);
+    if (g_.pad) s += ", padding=" + std::to_string(g_.pad);
+    return s + ")";
+  }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    const auto g = geometry(extents<4>{in[0], in[1], in[2], in[3]});
+    return {in[0], in[1], g.ho, g.wo};
+  }
+  [[nodiscard]] locus::detail::pool_geometry geometry(const extents<4>& s) const {
+    locus::detail::pool_geometry g = g_;
+    g.h = s[2];
+    g.w = s[3];
+    g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
+    g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
+    if (g.ho <= 0 || g.wo <= 0)
+      throw shape_error("locus: " + describe() + ": the window is larger than the padded input " + detail::dims4(s));
+    return g;
+  }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    xs_ = x.shape();
+    const index_t n = x.shape()[0] * x.shape()[1] * g.ho * g.wo;
+    detail::ensure_numel(y_, n);
+    detail::ensure_numel(idx_, n);
+    locus::detail::launch_n<D>(n, locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(),
+                                                                            idx_.data_handle(), g});
+    const view y = detail::shaped(y_, extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
+    this->run_post(x, y);
+    return y;
+  }
+  view backward(const view& gy, bool = true) {
+    const auto g = geometry(xs_);
+    if (gy.shape() != extents<4>{xs_[0], xs_[1], g.ho, g.wo})
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()));
+    const index_t n = xs_[0] * xs_[1] * xs_[2] * xs_[3];
+    detail::ensure_numel(gx_, n);
+    locus::detail::launch_n<D>(n, locus::detail::max_pool_backward_kernel<C>{gy.data_handle(), idx_.data_handle(),
+                                                                             gx_.data_handle(), g});
+    return detail::shaped(gx_, xs_);
+  }
+  tensor<C, D, 4> infer(const view& x) const {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    tensor<C, D, 4> y(extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
+    locus::detail::launch_n<D>(y.numel(),
+                               locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y.data_handle(), nullptr, g});
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  locus::detail::pool_geometry g_;
+  extents<4> xs_{};
+  tensor<C, D, 1> y_, gx_;
+  tensor<std::int32_t, D, 1> idx_;
+};
+
+/// avg_pool2d's options: PyTorch's nn.AvgPool2d (count_include_pad on by default).
+struct avg_pool2d_options {
+  index_t stride = -1;
+  index_t padding = 0;
+  bool count_include_pad = true;
+};
+
+/// Average pooling over k x k windows (PyTorch's nn.AvgPool2d without ceil_mode).
+template <Device D, class Policy>
+class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
+  using base = detail::pool_base<avg_pool2d<D, Policy>, D, Policy>;
+
+ public:
+  using typename base::C;
+  using typename base::view;
+  static constexpr const char* layer_name = "avg_pool2d";
+
+  explicit avg_pool2d(index_t kernel_size, avg_pool2d_options o = {}) : g_{}, include_pad_(o.count_include_pad) {
+    g_.k = kernel_size;
+    g_.stride = o.stride == -1 ? kernel_size : o.stride;
+    g_.pad = o.padding;
+    if (kernel_size <= 0) throw shape_error("locus: " + describe() + ": needs a positive kernel size");
+    if (g_.stride <= 0)
+      throw shape_error("locus: " + describe() + ": stride must be at least 1, got " + std::to_string(g_.stride));
+    if (g_.pad < 0 || 2 * g_.pad > g_.k)
+      throw shape_error("locus: " + describe() + ": padding must be in [0, kernel_size / 2], got " +
+                        std::to_string(g_.pad));
+  }
+  [[nodiscard]] std::string describe() const {
+    std::string s = "avg_pool2d(" + std::to_string(g_.k);
+    if (g_.stride != g_.k) s += ", stride=" + std::to_string(g_.stride);
+    if (g_.pad) s += ", padding=" + std::to_string(g_.pad);
+    if (!include_pad_) s += ", count_include_pad=false";
+    return s + ")";
+  }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    const auto g = geometry(extents<4>{in[0], in[1], in[2], in[3]});
+    return {in[0], in[1], g.ho, g.wo};
+  }
+  [[nodiscard]] locus::detail::pool_geometry geometry(const extents<4>& s) const {
+    locus::detail::pool_geometry g = g_;
+    g.h = s[2];
+    g.w = s[3];
+    g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
+    g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
+    if (g.ho <= 0 || g.wo <= 0)
+      throw shape_error("locus: " + describe() + ": the window is larger than the padded input " + detail::dims4(s));
+    return g;
+  }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    xs_ = x.shape();
+    const index_t n = x.shape()[0] * x.shape()[1] * g.ho * g.wo;
+    detail::ensure_numel(y_, n);
+    locus::detail::launch_n<D>(n, locus::detail::avg_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(), g,
+                                                                            include_pad_});
+    const view y = detail::shaped(y_, extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
+    this->run_post(x, y);
+    return y;
+  }
+  view backward(const view& gy, bool = true) {
+    const auto g = geometry(xs_);
+    if (gy.shape() != extents<4>{xs_[0], xs_[1], g.ho, g.wo})
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()));
+    const index_t n = xs_[0] * xs_[1] * xs_[2] * xs_[3];
+    detail::ensure_numel(gx_, n);
+    locus::detail::launch_n<D>(n, locus::detail::avg_pool_backward_kernel<C>{gy.data_handle(), gx_.data_handle(), g,
+                                                                             include_pad_});
+    return detail::shaped(gx_, xs_);
+  }
+  tensor<C, D, 4> infer(const view& x) const {
+    this->run_pre(x);
+    const auto g = geometry(x.shape());
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    tensor<C, D, 4> y(extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
+    locus::detail::launch_n<D>(y.numel(), locus::detail::avg_pool_forward_kernel<C>{x.data_handle(), y.data_handle(),
+                                                                                    g, include_pad_});
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  locus::detail::pool_geometry g_;
+  bool include_pad_;
+  extents<4> xs_{};
+  tensor<C, D, 1> y_, gx_;
+};
+
+/// Average pooling to a fixed output size (PyTorch's nn.AdaptiveAvgPool2d).
+template <Device D, class Policy>
+class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Policy>, D, Policy> {
+  using base = detail::pool_base<adaptive_avg_pool2d<D, Policy>, D, Policy>;
+
+ public:
+  using typename base::C;
+  using typename base::view;
+  static constexpr const char* layer_name = "adaptive_avg_pool2d";
+
+  adaptive_avg_pool2d(index_t out_h, index_t out_w) : ho_(out_h), wo_(out_w) {
+    if (ho_ <= 0 || wo_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive output size");
+  }
+  explicit adaptive_avg_pool2d(index_t out) : adaptive_avg_pool2d(out, out) {}
+  [[nodiscard]] std::string describe() const {
+    return "adaptive_avg_pool2d(" + std::to_string(ho_) + (ho_ == wo_ ? "" : ", " + std::to_string(wo_)) + ")";
+  }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    check_input(extents<4>{in[0], in[1], in[2], in[3]});
+    return {in[0], in[1], ho_, wo_};
+  }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    check_input(x.shape());
+    xs_ = x.shape();
+    const index_t n = x.shape()[0] * x.shape()[1] * ho_ * wo_;
+    detail::ensure_numel(y_, n);
+    locus::detail::launch_n<D>(n, locus::detail::adaptive_avg_forward_kernel<C>{x.data_handle(), y_.data_handle(),
+                                                                                xs_[2], xs_[3], ho_, wo_});
+    const view y = detail::shaped(y_, extents<4>{xs_[0], xs_[1], ho_, wo_});
+    this->run_post(x, y);
+    return y;
+  }
+  view backward(const view& gy, bool = true) {
+    if (gy.shape() != extents<4>{xs_[0], xs_[1], ho_, wo_})
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()));
+    const index_t n = xs_[0] * xs_[1] * xs_[2] * xs_[3];
+    detail::ensure_numel(gx_, n);
+    locus::detail::launch_n<D>(n, locus::detail::adaptive_avg_backward_kernel<C>{gy.data_handle(), gx_.data_handle(),
+                                                                                 xs_[2], xs_[3], ho_, wo_});
+    return detail::shaped(gx_, xs_);
+  }
+  tensor<C, D, 4> infer(const view& x) const {
+    this->run_pre(x);
+    check_input(x.shape());
+    tensor<C, D, 4> y(extents<4>{x.shape()[0], x.shape()[1], ho_, wo_});
+    locus::detail::launch_n<D>(y.numel(), locus::detail::adaptive_avg_forward_kernel<C>{
+                                              x.data_handle(), y.data_handle(), x.shape()[2], x.shape()[3], ho_, wo_});
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  void check_input(const extents<4>& s) const {
+    if (s[2] <= 0 || s[3] <= 0)
+      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
+  }
+  index_t ho_, wo_;
+  extents<4> xs_{};
+  tensor<C, D, 1> y_, gx_;
+};
+
+/// [batch, channels, height, width] -> [batch, channels * height * width] (PyTorch's
+/// nn.Flatten): a view of the input in training, a copy in inference.
+template <Device D, class Policy>
+class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
+ public:
+  using device = D;
+  using policy = locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  using view = tensor_view<const C, D, 4>;
+  static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 4, output_rank = 2;
+  static constexpr const char* layer_name = "flatten";
+
+  void declare(parameter_store<D, policy>&, const std::string&) {}
+  void bind(parameter_store<D, policy>&) {}
+  void reset_parameters(std::uint64_t) {}
+  [[nodiscard]] std::string describe() const { return "flatten"; }
+  [[nodiscard]] index_t output_width(index_t) const noexcept { return -1; }  // needs height and width
+  [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    return {in[0], in[1] * in[2] * in[3]};
+  }
+
+  tensor_view<const C, D, 2> forward(const view& x) {
+    this->run_pre(x);
+    if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
+    xs_ = x.shape();
+    this->run_post(x, x);
+    return x.reshape(extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]});
+  }
+  view backward(const tensor_view<const C, D, 2>& gy, bool = true) {
+    if (gy.shape() != extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]})
+      throw shape_error("locus: flatten backward got a gradient of shape " +
+                        locus::detail::shape_string(gy.shape()) + " for an input of shape " + detail::dims4(xs_));
+    return gy.reshape(xs_);
+  }
+  tensor<C, D, 2> infer(const view& x) const {
+    this->run_pre(x);
+    tensor<C, D, 2> y(extents<2>{x.shape()[0], x.shape()[1] * x.shape()[2] * x.shape()[3]});
+    copy(x.reshape(y.shape()), y);
+    this->run_post(x, x);
+    return y;
+  }
+
+ private:
+  extents<4> xs_{};
+};
+
+/// batch_norm2d's options (PyTorch's nn.BatchNorm2d arguments).
+struct batch_norm_options {
+  double eps = 1e-5;
+  double momentum = 0.1;  ///< the running statistics' update weight, in [0, 1]
+  bool affine = true;     ///< learnable weight (init 1) and bias (init 0)
+};
+
+/// Batch normalisation over [batch, channels, height, width], per channel. forward()
+/// normalises with the batch's statistics and updates the running ones (training
+/// mode); infer() uses the running statistics (inference mode).
+template <Device D, class Policy>
+class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
+ public:
+  using device = D;
+  using policy = locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  using M = typename policy::master;
+  using view = tensor_view<const C, D, 4>;
+  static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 4, output_rank = 4;
+  static constexpr const char* layer_name = "batch_norm2d";
+
+  explicit batch_norm2d(index_t num_features, batch_norm_options o = {}) : c_(num_features), o_(o) {
+    if (c_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive channel count");
+    if (!(o_.eps > 0.0) || !std::isfinite(o_.eps))
+      throw value_error("locus: " + describe() + ": eps must be positive and finite");
+    if (!(o_.momentum >= 0.0 && o_.momentum <= 1.0))
+      throw value_error("locus: " + describe() + ": momentum must be in [0, 1]");
+    running_mean_ = zeros<M, D>(extents<1>{c_});
+    running_var_ = tensor<M, D, 1>(extents<1>{c_});
+    tracked_ = zeros<std::int64_t, D>(extents<0>{});
+    mean_ = zeros<M, D>(extents<1>{c_});
+    invstd_ = zeros<M, D>(extents<1>{c_});
+    reset_buffers();
+  }
+
+  [[nodiscard]] index_t num_features() const noexcept { return c_; }
+  [[nodiscard]] const batch_norm_options& options() const noexcept { return o_; }
+  [[nodiscard]] std::string describe() const { return "batch_norm2d(" + std::to_string(c_) + ")"; }
+  [[nodiscard]] index_t output_width(index_t in) const {
+    if (in >= 0 && in != c_)
+      throw shape_error("locus: " + describe() + " takes " + std::to_string(c_) + " channels, but its input has " +
+                        std::to_string(in));
+    return c_;
+  }
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    detail::check_rank4(describe(), in);
+    detail::check_channels(describe(), c_, extents<4>{in[0], in[1], in[2], in[3]});
+    return in;
+  }
+  [[nodiscard]] index_t parameter_count() const noexcept { return o_.affine ? 2 * c_ : 0; }
+
+  void declare(parameter_store<D, policy>& s, const std::string& prefix) {
+    if (!o_.affine) return;
+    w_ = s.add(prefix + "weight", {c_});
+    b_ = s.add(prefix + "bias", {c_});
+  }
+  void bind(parameter_store<D, policy>& s) { store_ = &s; }
+  /// weight = 1, bias = 0, running_mean = 0, running_var = 1, num_batches_tracked = 0.
+  void reset_parameters(std::uint64_t) {
+    if (o_.affine) {
+      locus::detail::launch_n<D>(c_, locus::detail::fill_kernel<M>{store_->master_flat(w_).data_handle(), M(1)});
+      locus::detail::launch_n<D>(c_, locus::detail::fill_kernel<M>{store_->master_flat(b_).data_handle(), M(0)});
+    }
+    reset_buffers();
+  }
+
+  /// f(name, view) for running_mean, running_var (master dtype, [C]) and
+  /// num_batches_tracked (i64, rank 0), PyTorch's buffer names after `prefix`.
+  template <class F>
+  void for_each_buffer(const std::string& prefix, F&& f) {
+    f(prefix + "running_mean", running_mean_.view());
+    f(prefix + "running_var", running_var_.view());
+    f(prefix + "num_batches_tracked", tracked_.view());
+  }
+  template <class F>
+  void for_each_buffer(const std::string& prefix, F&& f) const {
+    f(prefix + "running_mean", running_mean_.view());
+    f(prefix + "running_var", running_var_.view());
+    f(prefix + "num_batches_tracked", tracked_.view());
+  }
+  [[nodiscard]] tensor_view<const M, D, 1> running_mean() const noexcept { return running_mean_.view(); }
+  [[nodiscard]] tensor_view<const M, D, 1> running_var() const noexcept { return running_var_.view(); }
+
+  view forward(const view& x) {
+    this->run_pre(x);
+    const extents<4> s = x.shape();
+    detail::check_channels(describe(), c_, s);
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    if (s[0] * s[2] * s[3] <= 1)
+      throw shape_error("locus: " + describe() + " in training needs more than one value per channel, but the input " +
+                        detail::dims4(s) + " has " + std::to_string(s[0] * s[2] * s[3]));
+    x_ = x;
+    detail::ensure_numel(y_, x.numel());
+    const index_t hw = s[2] * s[3];
+    locus::detail::launch_n<D>(c_,
+                               locus::detail::batch_norm_train_kernel<C, M>{
+                                   x.data_handle(), y_.data_handle(), gamma(), beta(), mean_.data_handle(),
+                                   invstd_.data_handle(), running_mean_.data_handle(), running_var_.data_handle(),
+                                   s[0], c_, hw, o_.eps, o_.momentum},
+                               s[0] * hw);
+    locus::detail::launch_n<D>(1, locus::detail::increment_kernel{tracked_.data_handle()});
+    const view y = detail::shaped(y_, s);
+    this->run_post(x, y);
+    return y;
+  }
+
+  view backward(const view& gy, bool need_input_grad = true) {
+    const extents<4> s = x_.shape();
+    if (gy.shape() != s)
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()) +
+                        " for an output of shape " + detail::dims4(s));
+    if (need_input_grad) detail::ensure_numel(gx_, x_.numel());
+    M *dg = nullptr, *db = nullptr;
+    bool dg_fresh = false, db_fresh = false;
+    if (o_.affine) {
+      auto [g, f] = store_->grad_flat_out(w_);
+      dg = g.data_handle();
+      dg_fresh = f;
+      auto [b, fb] = store_->grad_flat_out(b_);
+      db = b.data_handle();
+      db_fresh = fb;
+    }
+    locus::detail::launch_n<D>(c_,
+                               locus::detail::batch_norm_backward_kernel<C, M>{
+                                   x_.data_handle(), gy.data_handle(), need_input_grad ? gx_.data_handle() : nullptr,
+                                   gamma(), mean_.data_handle(), invstd_.data_handle(), dg, db, dg_fresh, db_fresh,
+                                   s[0], c_, s[2] * s[3]},
+                               s[0] * s[2] * s[3]);
+    if (!need_input_grad) return {};
+    return detail::shaped(gx_, s);
+  }
+
+  tensor<C, D, 4> infer(const view& x) const {
+    this->run_pre(x);
+    const extents<4> s = x.shape();
+    detail::check_channels(describe(), c_, s);
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    tensor<C, D, 4> y(s);
+    locus::detail::launch_n<D>(y.numel(), locus::detail::batch_norm_infer_kernel<C, M>{
+                                              x.data_handle(), y.data_handle(), gamma(), beta(),
+                                              running_mean_.data_handle(), running_var_.data_handle(), c_,
+                                              s[2] * s[3], o_.eps});
+    this->run_post(x, std::as_const(y).view());
+    return y;
+  }
+
+ private:
+  const M* gamma() const { return o_.affine ? store_->master_flat(w_).data_handle() : nullptr; }
+  const M* beta() const { return o_.affine ? store_->master_flat(b_).data_handle() : nullptr; }
+  void reset_buffers() {
+    locus::detail::zero_bytes<D>(running_mean_.data_handle(), running_mean_.size_bytes());
+    locus::detail::launch_n<D>(c_, locus::detail::fill_kernel<M>{running_var_.data_handle(), M(1)});
+    locus::detail::zero_bytes<D>(tracked_.data_handle(), sizeof(std::int64_t));
+  }
+
+  index_t c_;
+  batch_norm_options o_;
+  std::size_t w_ = 0, b_ = 0;
+  parameter_store<D, policy>* store_ = nullptr;
+  view x_;
+  tensor<C, D, 1> y_, gx_;
+  tensor<M, D, 1> running_mean_, running_var_, mean_, invstd_;
+  tensor<std::int64_t, D, 0> tracked_;
+};
+
+}  // namespace locus::nn

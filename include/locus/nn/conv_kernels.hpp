@@ -1,0 +1,450 @@
+// The kernels of convolutional networks (NCHW): im2col / col2im for conv2d, pooling and
+// batch normalisation. Each is one functor per index, called through
+// detail::launch_n on every device (the same source on the host and on the GPU); conv2d
+// adds a host path that walks rows (im2col into a per-thread buffer, a GEMM per sample,
+// OpenMP over the batch), which the tests check against the per-index functors.
+//
+// Every backward here is a gather: each input element sums what the outputs that read
+// it send back, in a fixed order, so no kernel needs atomics and every result is the
+// same bits at any thread count and on every run.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../backend/launch.hpp"
+#include "../core/config.hpp"
+#include "../ops/math.hpp"
+
+namespace locus::detail {
+
+/// The shape of one conv2d call: input [n, c, h, w], weight [k, c / groups, kh, kw],
+/// output [n, k, ho, wo].
+struct conv_geometry {
+  index_t n = 0, c = 0, h = 0, w = 0;
+  index_t k = 0, kh = 0, kw = 0;
+  index_t stride = 1, pad = 0, dil = 1, groups = 1;
+  index_t ho = 0, wo = 0;
+  [[nodiscard]] LOCUS_HOST_DEVICE index_t cg() const noexcept { return c / groups; }  // input channels per group
+  [[nodiscard]] LOCUS_HOST_DEVICE index_t kg() const noexcept { return k / groups; }  // output channels per group
+  [[nodiscard]] LOCUS_HOST_DEVICE index_t depth() const noexcept { return cg() * kh * kw; }  // the GEMM's k
+  [[nodiscard]] LOCUS_HOST_DEVICE index_t hw() const noexcept { return ho * wo; }
+};
+
+/// The output extent of a convolution or pooling window along one axis (<= 0: the
+/// window does not fit the padded input).
+constexpr index_t conv_out_extent(index_t in, index_t kernel, index_t stride, index_t pad, index_t dil) noexcept {
+  const index_t span = dil * (kernel - 1) + 1;
+  const index_t room = in + 2 * pad - span;
+  return room < 0 ? 0 : room / stride + 1;
+}
+
+/// col[r, p] = x[c, ih, iw] (0 outside the input) for one sample's group: r = (c, ky, kx)
+/// over depth(), p = (oh, ow) over hw(). x points at the group's first channel.
+template <class In, class Out>
+struct im2col_kernel {
+  const In* x;
+  Out* col;
+  conv_geometry g;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t ow = i % g.wo;
+    index_t t = i / g.wo;
+    const index_t oh = t % g.ho;
+    t /= g.ho;
+    const index_t kx = t % g.kw;
+    t /= g.kw;
+    const index_t ky = t % g.kh;
+    const index_t c = t / g.kh;
+    const index_t ih = oh * g.stride - g.pad + ky * g.dil, iw = ow * g.stride - g.pad + kx * g.dil;
+    using V = compute_t<Out>;
+    col[i] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w ? store<Out>(static_cast<V>(load(x[(c * g.h + ih) * g.w + iw])))
+                                                         : store<Out>(V(0));
+  }
+};
+
+/// dx[c, ih, iw] = the sum of col[r, p] over every (r, p) that im2col read it from: the
+/// gather form of col2im, one input element per call, for one sample's group.
+template <class In, class Out>
+struct col2im_kernel {
+  const In* col;
+  Out* dx;
+  conv_geometry g;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t iw = i % g.w;
+    index_t t = i / g.w;
+    const index_t ih = t % g.h;
+    const index_t c = t / g.h;
+    using V = compute_t<In>;
+    V sum = V(0);
+    for (index_t ky = 0; ky < g.kh; ++ky) {
+      const index_t y = ih + g.pad - ky * g.dil;  // = oh * stride
+      if (y < 0 || y % g.stride != 0) continue;
+      const index_t oh = y / g.stride;
+      if (oh >= g.ho) continue;
+      for (index_t kx = 0; kx < g.kw; ++kx) {
+        const index_t x = iw + g.pad - kx * g.dil;
+        if (x < 0 || x % g.stride != 0) continue;
+        const index_t ow = x / g.stride;
+        if (ow >= g.wo) continue;
+        sum += load(col[((c * g.kh + ky) * g.kw + kx) * g.hw() + oh * g.wo + ow]);
+      }
+    }
+    dx[i] = store<Out>(static_cast<compute_t<Out>>(sum));
+  }
+};
+
+/// y[i] = o[i] + bias[channel of i] (o and y may alias), over [n, k, hw].
+template <class O, class T>
+struct add_channel_bias_kernel {
+  const O* o;
+  const T* bias;  // nullptr: none
+  T* y;
+  index_t k, hw;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    using V = compute_t<O>;
+    V v = load(o[i]);
+    if (bias) v += static_cast<V>(load(bias[(i / hw) % k]));
+    y[i] = store<T>(static_cast<compute_t<T>>(v));
+  }
+};
+
+/// db[c] (+)= the sum of gy[n, c, :] over n and the plane: a conv2d bias gradient, one
+/// channel per call, summed in A (f64 on every device: the same result on each).
+template <class T, class M>
+struct channel_sum_kernel {
+  const T* gy;
+  M* db;
+  index_t n, k, hw;
+  bool overwrite;
+  LOCUS_HOST_DEVICE void operator()(index_t c) const {
+    double s = 0.0;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = gy + (b * k + c) * hw;
+      double part = 0.0;
+      for (index_t j = 0; j < hw; ++j) part += static_cast<double>(load(p[j]));
+      s += part;
+    }
+    db[c] = overwrite ? static_cast<M>(s) : static_cast<M>(static_cast<double>(db[c]) + s);
+  }
+};
+
+// ---- pooling ------------------------------------------------------------------------------
+
+/// A pooling window: kernel, stride, padding (square), on planes of h x w -> ho x wo.
+struct pool_geometry {
+  index_t h = 0, w = 0, ho = 0, wo = 0;
+  index_t k = 1, stride = 1, pad = 0;
+  /// The output rows (or columns) whose window holds input row i: [first, last].
+  LOCUS_HOST_DEVICE void windows_of(index_t i, index_t out, index_t& first, index_t& last) const noexcept {
+    const index_t lo = i + pad - k + 1;  // oh * stride >= lo
+    first = lo <= 0 ? 0 : (lo + stride - 1) / stride;
+    last = (i + pad) / stride;
+    if (last > out - 1) last = out - 1;
+  }
+};
+
+/// y = the maximum of each window (NaN when the window holds one, as PyTorch); idx =
+/// the maximum's position in its plane (ih * w + iw), for backward.
+template <class T>
+struct max_pool_forward_kernel {
+  const T* x;
+  T* y;
+  std::int32_t* idx;  // nullptr: inference
+  pool_geometry g;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (g.ho * g.wo), r = i % (g.ho * g.wo);
+    const index_t oh = r / g.wo, ow = r % g.wo;
+    using V = compute_t<T>;
+    V best = -std::numeric_limits<V>::infinity();
+    index_t at = -1;
+    const T* xp = x + plane * g.h * g.w;
+    for (index_t ky = 0; ky < g.k; ++ky) {
+      const index_t ih = oh * g.stride - g.pad + ky;
+      if (ih < 0 || ih >= g.h) continue;
+      for (index_t kx = 0; kx < g.k; ++kx) {
+        const index_t iw = ow * g.stride - g.pad + kx;
+        if (iw < 0 || iw >= g.w) continue;
+        const V v = load(xp[ih * g.w + iw]);
+        if (at < 0 || v > best || v != v) {
+          best = v;
+          at = ih * g.w + iw;
+          if (v != v) {
+            ky = g.k;  // NaN: it stays the maximum
+            break;
+          }
+        }
+      }
+    }
+    y[i] = store<T>(best);
+    if (idx) idx[i] = static_cast<std::int32_t>(at);
+  }
+};
+
+/// gx[i] = the sum of gy over the windows whose maximum was input element i.
+template <class T>
+struct max_pool_backward_kernel {
+  const T* gy;
+  const std::int32_t* idx;
+  T* gx;
+  pool_geometry g;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (g.h * g.w), pos = i % (g.h * g.w);
+    const index_t ih = pos / g.w, iw = pos % g.w;
+    index_t oh0, oh1, ow0, ow1;
+    g.windows_of(ih, g.ho, oh0, oh1);
+    g.windows_of(iw, g.wo, ow0, ow1);
+    using V = compute_t<T>;
+    V sum = V(0);
+    const index_t base = plane * g.ho * g.wo;
+    for (index_t oh = oh0; oh <= oh1; ++oh)
+      for (index_t ow = ow0; ow <= ow1; ++ow)
+        if (idx[base + oh * g.wo + ow] == pos) sum += load(gy[base + oh * g.wo + ow]);
+    gx[i] = store<T>(sum);
+  }
+};
+
+/// The divisor of average-pooling window (oh, ow): PyTorch's, with count_include_pad
+/// (the padding inside the window counts, what lies beyond it does not) or without.
+LOCUS_HOST_DEVICE inline index_t avg_pool_divisor(const pool_geometry& g, index_t oh, index_t ow, bool include_pad) {
+  index_t h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
+  index_t h1 = h0 + g.k < g.h + g.pad ? h0 + g.k : g.h + g.pad;
+  index_t w1 = w0 + g.k < g.w + g.pad ? w0 + g.k : g.w + g.pad;
+  if (include_pad) return (h1 - h0) * (w1 - w0);
+  h0 = h0 < 0 ? 0 : h0;
+  w0 = w0 < 0 ? 0 : w0;
+  h1 = h1 > g.h ? g.h : h1;
+  w1 = w1 > g.w ? g.w : w1;
+  return (h1 - h0) * (w1 - w0);
+}
+
+template <class T>
+struct avg_pool_forward_kernel {
+  const T* x;
+  T* y;
+  pool_geometry g;
+  bool include_pad;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (g.ho * g.wo), r = i % (g.ho * g.wo);
+    const index_t oh = r / g.wo, ow = r % g.wo;
+    using V = compute_t<T>;
+    V sum = V(0);
+    const T* xp = x + plane * g.h * g.w;
+    for (index_t ky = 0; ky < g.k; ++ky) {
+      const index_t ih = oh * g.stride - g.pad + ky;
+      if (ih < 0 || ih >= g.h) continue;
+      for (index_t kx = 0; kx < g.k; ++kx) {
+        const index_t iw = ow * g.stride - g.pad + kx;
+        if (iw >= 0 && iw < g.w) sum += load(xp[ih * g.w + iw]);
+      }
+    }
+    y[i] = store<T>(sum / static_cast<V>(avg_pool_divisor(g, oh, ow, include_pad)));
+  }
+};
+
+template <class T>
+struct avg_pool_backward_kernel {
+  const T* gy;
+  T* gx;
+  pool_geometry g;
+  bool include_pad;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (g.h * g.w), pos = i % (g.h * g.w);
+    const index_t ih = pos / g.w, iw = pos % g.w;
+    index_t oh0, oh1, ow0, ow1;
+    g.windows_of(ih, g.ho, oh0, oh1);
+    g.windows_of(iw, g.wo, ow0, ow1);
+    using V = compute_t<T>;
+    V sum = V(0);
+    const index_t base = plane * g.ho * g.wo;
+    for (index_t oh = oh0; oh <= oh1; ++oh)
+      for (index_t ow = ow0; ow <= ow1; ++ow)
+        sum += load(gy[base + oh * g.wo + ow]) / static_cast<V>(avg_pool_divisor(g, oh, ow, include_pad));
+    gx[i] = store<T>(sum);
+  }
+};
+
+/// Adaptive average pooling's window along one axis: [floor(o * in / out),
+/// ceil((o + 1) * in / out)), as PyTorch's.
+LOCUS_HOST_DEVICE inline index_t adaptive_start(index_t o, index_t in, index_t out) { return (o * in) / out; }
+LOCUS_HOST_DEVICE inline index_t adaptive_end(index_t o, index_t in, index_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+
+template <class T>
+struct adaptive_avg_forward_kernel {
+  const T* x;
+  T* y;
+  index_t h, w, ho, wo;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (ho * wo), r = i % (ho * wo);
+    const index_t oh = r / wo, ow = r % wo;
+    const index_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+    const index_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+    using V = compute_t<T>;
+    V sum = V(0);
+    for (index_t ih = h0; ih < h1; ++ih)
+      for (index_t iw = w0; iw < w1; ++iw) sum += load(x[(plane * h + ih) * w + iw]);
+    y[i] = store<T>(sum / static_cast<V>((h1 - h0) * (w1 - w0)));
+  }
+};
+
+template <class T>
+struct adaptive_avg_backward_kernel {
+  const T* gy;
+  T* gx;
+  index_t h, w, ho, wo;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t plane = i / (h * w), pos = i % (h * w);
+    const index_t ih = pos / w, iw = pos % w;
+    using V = compute_t<T>;
+    V sum = V(0);
+    for (index_t oh = 0; oh < ho; ++oh) {
+      const index_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+      if (ih < h0 || ih >= h1) continue;
+      for (index_t ow = 0; ow < wo; ++ow) {
+        const index_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+        if (iw < w0 || iw >= w1) continue;
+        sum += load(gy[(plane * ho + oh) * wo + ow]) / static_cast<V>((h1 - h0) * (w1 - w0));
+      }
+    }
+    gx[i] = store<T>(sum);
+  }
+};
+
+// ---- batch normalisation ----------------------------------------------------------------
+
+/// Training-mode batch norm of one channel per call over [n, c, hw]: the batch's mean
+/// and biased variance (two passes, in f64), y = (x - mean) / sqrt(var + eps) * gamma +
+/// beta, the saved mean and 1 / sqrt(var + eps) for backward, and the running
+/// statistics' update (PyTorch's: the unbiased variance, weight `momentum`).
+template <class T, class M>
+struct batch_norm_train_kernel {
+  const T* x;
+  T* y;
+  const M* gamma;  // nullptr: not affine
+  const M* beta;
+  M* mean_out;
+  M* invstd_out;
+  M* running_mean;  // nullptr: no running statistics
+  M* running_var;
+  index_t n, c, hw;
+  double eps, momentum;
+  LOCUS_HOST_DEVICE void operator()(index_t ch) const {
+    const double count = static_cast<double>(n * hw);
+    double s = 0.0;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x + (b * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) s += static_cast<double>(load(p[j]));
+    }
+    const double mean = s / count;
+    double q = 0.0;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x + (b * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double d = static_cast<double>(load(p[j])) - mean;
+        q += d * d;
+      }
+    }
+    const double var = q / count;
+    const double invstd = 1.0 / ::sqrt(var + eps);
+    const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
+    const double scale = invstd * gm, shift = bt - mean * invstd * gm;
+    using V = compute_t<T>;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x + (b * c + ch) * hw;
+      T* o = y + (b * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j)
+        o[j] = store<T>(static_cast<V>(static_cast<double>(load(p[j])) * scale + shift));
+    }
+    mean_out[ch] = static_cast<M>(mean);
+    invstd_out[ch] = static_cast<M>(invstd);
+    if (running_mean) {
+      const double unbiased = count > 1.0 ? q / (count - 1.0) : var;
+      running_mean[ch] = static_cast<M>((1.0 - momentum) * static_cast<double>(running_mean[ch]) + momentum * mean);
+      running_var[ch] = static_cast<M>((1.0 - momentum) * static_cast<double>(running_var[ch]) + momentum * unbiased);
+    }
+  }
+};
+
+/// Inference-mode batch norm, one element per call: the running statistics.
+template <class T, class M>
+struct batch_norm_infer_kernel {
+  const T* x;
+  T* y;
+  const M* gamma;
+  const M* beta;
+  const M* mean;
+  const M* var;
+  index_t c, hw;
+  double eps;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const {
+    const index_t ch = (i / hw) % c;
+    const double invstd = 1.0 / ::sqrt(static_cast<double>(var[ch]) + eps);
+    const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
+    y[i] = store<T>(static_cast<compute_t<T>>((static_cast<double>(load(x[i])) - static_cast<double>(mean[ch])) *
+                                                  invstd * gm + bt));
+  }
+};
+
+/// Training-mode batch norm's backward, one channel per call: with xhat = (x - mean) *
+/// invstd, dgamma = sum(dy * xhat), dbeta = sum(dy), and dx = gamma * invstd * (dy -
+/// mean(dy) - xhat * mean(dy * xhat)).
+template <class T, class M>
+struct batch_norm_backward_kernel {
+  const T* x;
+  const T* gy;
+  T* gx;  // nullptr: not needed
+  const M* gamma;
+  const M* mean;
+  const M* invstd;
+  M* dgamma;  // nullptr: not affine
+  M* dbeta;
+  bool dgamma_overwrite, dbeta_overwrite;
+  index_t n, c, hw;
+  LOCUS_HOST_DEVICE void operator()(index_t ch) const {
+    const double mu = static_cast<double>(mean[ch]), is = static_cast<double>(invstd[ch]);
+    double sdy = 0.0, sdyx = 0.0;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x + (b * c + ch) * hw;
+      const T* d = gy + (b * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double dy = static_cast<double>(load(d[j]));
+        sdy += dy;
+        sdyx += dy * (static_cast<double>(load(p[j])) - mu) * is;
+      }
+    }
+    if (dgamma) dgamma[ch] = dgamma_overwrite ? static_cast<M>(sdyx) : static_cast<M>(static_cast<double>(dgamma[ch]) + sdyx);
+    if (dbeta) dbeta[ch] = dbeta_overwrite ? static_cast<M>(sdy) : static_cast<M>(static_cast<double>(dbeta[ch]) + sdy);
+    if (!gx) return;
+    const double count = static_cast<double>(n * hw);
+    const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0;
+    const double mdy = sdy / count, mdyx = sdyx / count;
+    using V = compute_t<T>;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x + (b * c + ch) * hw;
+      const T* d = gy + (b * c + ch) * hw;
+      T* o = gx + (b * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double xhat = (static_cast<double>(load(p[j])) - mu) * is;
+        o[j] = store<T>(static_cast<V>(gm * is * (static_cast<double>(load(d[j])) - mdy - xhat * mdyx)));
+      }
+    }
+  }
+};
+
+/// dst[i] = v (parameter and buffer initialisation).
+template <class T>
+struct fill_kernel {
+  T* dst;
+  T v;
+  LOCUS_HOST_DEVICE void operator()(index_t i) const { dst[i] = v; }
+};
+
+/// *counter += 1 (batch norm's num_batches_tracked, one thread).
+struct increment_kernel {
+  std::int64_t* counter;
+  LOCUS_HOST_DEVICE void operator()(index_t) const { *counter += 1; }
+};
+
+}  // namespace locus::detail
