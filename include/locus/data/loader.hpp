@@ -118,6 +118,7 @@ struct loader_options {
 /// One batch: x float [B, features], y i64 [B], both on D.
 template <Device D>
 struct batch {
+  using device_type = D;
   tensor<float, D, 2> x;
   tensor<std::int64_t, D, 1> y;
 };
@@ -216,6 +217,9 @@ class loader {
   void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
   [[nodiscard]] const loader_options& options() const noexcept { return options_; }
+
+  /// Floats per sample (the dataset's features()).
+  [[nodiscard]] index_t features() const { return static_cast<index_t>(source_->features()); }
 
   /// Samples this rank reads per epoch.
   [[nodiscard]] index_t shard_size() const {
@@ -506,5 +510,86 @@ class loader {
   [[no_unique_address]] std::conditional_t<is_cuda, cuda_parts, no_cuda_parts> cuda_;
 #endif
 };
+
+/// One batch seen as images: x float [B, channels, height, width] and y i64 [B], views
+/// of the loader's batch (valid until the iterator advances).
+template <Device D>
+struct image_batch {
+  tensor_view<const float, D, 4> x;
+  tensor_view<const std::int64_t, D, 1> y;
+};
+
+/// A loader whose batches are viewed as images [B, channels, height, width] (no copy):
+/// what a model that starts with a convolution takes.
+///
+///   locus::data::loader<locus::cpu> rows(train, {.batch_size = 128, .shuffle = true});
+///   auto batches = locus::data::images(rows, 1, 28, 28);
+///   trainer.train_epoch(batches, {.epoch = e});
+///
+/// channels * height * width must be the dataset's features() (shape_error otherwise).
+/// set_epoch() and size() are the loader's.
+template <class Loader>
+class image_loader {
+ public:
+  using device = typename decltype(std::declval<Loader&>().begin())::value_type::device_type;
+
+  image_loader(Loader& l, index_t channels, index_t height, index_t width) : l_(&l), c_(channels), h_(height), w_(width) {
+    if (c_ <= 0 || h_ <= 0 || w_ <= 0 || c_ * h_ * w_ != l.features())
+      throw shape_error("locus: data::images(loader, " + std::to_string(c_) + ", " + std::to_string(h_) + ", " +
+                        std::to_string(w_) + "): the dataset's samples have " + std::to_string(l.features()) +
+                        " features, not channels * height * width = " + std::to_string(c_ * h_ * w_));
+  }
+
+  struct sentinel {};
+  class iterator {
+   public:
+    using value_type = image_batch<device>;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+    iterator() = default;
+    const image_batch<device>& operator*() const {
+      refresh();
+      return cur_;
+    }
+    const image_batch<device>* operator->() const { return &**this; }
+    iterator& operator++() {
+      ++it_;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& i, sentinel) noexcept { return i.it_ == typename Loader::sentinel{}; }
+
+   private:
+    friend class image_loader;
+    iterator(typename Loader::iterator it, const image_loader* o) : it_(std::move(it)), owner_(o) {}
+    void refresh() const {
+      auto& b = *it_;
+      cur_.x = std::as_const(b.x).view().reshape(extents<4>{b.x.shape()[0], owner_->c_, owner_->h_, owner_->w_});
+      cur_.y = std::as_const(b.y).view();
+    }
+    typename Loader::iterator it_{};
+    const image_loader* owner_ = nullptr;
+    mutable image_batch<device> cur_{};
+  };
+
+  iterator begin() { return iterator(l_->begin(), this); }
+  sentinel end() const noexcept { return {}; }
+  void set_epoch(std::uint64_t e) { l_->set_epoch(e); }
+  [[nodiscard]] index_t size() const { return l_->size(); }
+  [[nodiscard]] Loader& rows() noexcept { return *l_; }
+
+ private:
+  Loader* l_;
+  index_t c_, h_, w_;
+};
+
+/// The loader's batches as images [B, channels, height, width] (see image_loader).
+template <class Loader>
+image_loader<Loader> images(Loader& l, index_t channels, index_t height, index_t width) {
+  return image_loader<Loader>(l, channels, height, width);
+}
+/// Held by reference: a temporary loader would dangle.
+template <class Loader>
+void images(Loader&&, index_t, index_t, index_t) = delete;
 
 }  // namespace locus::data

@@ -275,8 +275,27 @@ constexpr bool check_scaler() {
   }
 }
 
+template <class Model>
+constexpr std::size_t model_input_rank() {
+  if constexpr (requires { Model::input_rank; }) return Model::input_rank;
+  else return 2;
+}
+template <class Model>
+constexpr bool check_model_output() {
+  if constexpr (requires { Model::output_rank; }) {
+    static_assert(Model::output_rank == 2,
+                  "locus: the trainer's losses take the model's output as rank 2 [batch, outputs], but this model "
+                  "ends with a rank-4 activation [batch, channels, height, width]; end it with "
+                  "locus::nn::flatten<D, P>() and a linear layer (or adaptive_avg_pool2d(1) and flatten)");
+    return Model::output_rank == 2;
+  } else {
+    return true;
+  }
+}
+
 template <class Model, class Optimizer, class Scaler>
 constexpr bool check_trainer() {
+  if constexpr (!check_model_output<Model>()) return false;
   using D = typename Model::device;
   bool ok = locus::detail::check_policy<typename Model::policy>() &&
             locus::detail::require_optimizer_on_model_device<typename Optimizer::device, D>();
@@ -306,6 +325,10 @@ class trainer {
   using A = typename loss_state::A;
   static constexpr bool has_scaler = !std::is_same_v<Scaler, no_scaler>;
   static constexpr const char* optimizer_kind = Optimizer::kind;
+  /// The rank of the model's input batches: 2 [batch, features], or 4 [batch, channels,
+  /// height, width] for a model that starts with a convolution.
+  static constexpr std::size_t input_rank = detail::model_input_rank<Model>();
+  using input_view = tensor_view<const C, device, input_rank>;
 
   trainer(Model& model, Optimizer& opt, Loss loss = {}, options o = {})
     requires(std::is_same_v<Scaler, no_scaler>)
@@ -648,15 +671,25 @@ class trainer {
   locus::detail::step_state* guard_state() noexcept { return reinterpret_cast<locus::detail::step_state*>(guard_.data_handle()); }
 
   template <class X>
-  tensor_view<const C, device, 2> input(const X& x) {
+  input_view input(const X& x) {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
     if constexpr (!check_batch_operand<X>()) {
-      return tensor_view<const C, device, 2>{};  // check_batch_operand() reported it
-    } else if constexpr (tr::rank != 2) {
+      return input_view{};  // check_batch_operand() reported it
+    } else if constexpr (tr::rank != input_rank && input_rank == 2) {
       static_assert(locus::detail::always_false<X>,
                     "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
                     "with x.reshape({batch, rows * cols})");
-      return tensor_view<const C, device, 2>{};
+      return input_view{};
+    } else if constexpr (tr::rank != input_rank && input_rank == 4) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: this model starts with a layer that takes rank-4 images [batch, channels, height, "
+                    "width], but the input batch has another rank; view a loader's batches as images with "
+                    "locus::data::images(loader, channels, height, width), or x.reshape({batch, c, h, w})");
+      return input_view{};
+    } else if constexpr (tr::rank != input_rank) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: the input batch's rank is not the rank the model's first layer takes; reshape it");
+      return input_view{};
     } else if constexpr (std::is_same_v<typename tr::value_type, C>) {
       return locus::detail::as_view_const(x);
     } else if constexpr (!std::is_floating_point_v<typename tr::value_type> &&
@@ -665,14 +698,14 @@ class trainer {
                     "locus: the trainer's input batch holds floating-point features (f32, f64, f16 "
                     "or bf16), but this one holds integers or bool; convert it first, e.g. u8 "
                     "pixels: auto xf = locus::eval(locus::cast<float>(x) / 255.0f)");
-      return tensor_view<const C, device, 2>{};
+      return input_view{};
     } else {
       using T = typename tr::value_type;
       const auto v = locus::detail::as_view_const(x);
       if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
-      nn::detail::ensure_shape(x_cast_, v.shape());
+      nn::detail::ensure_numel(x_cast_, v.numel());
       locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, C>{v.data_handle(), x_cast_.data_handle()});
-      return std::as_const(x_cast_).view();
+      return nn::detail::shaped(x_cast_, v.shape());
     }
   }
 
@@ -719,7 +752,7 @@ class trainer {
   /// The device work of one micro-batch: forward, loss, backward, and (when `update`)
   /// the optimizer step and zero_grad. `vars`: the step's values in device memory
   /// (graph mode), or nullptr (they are kernel arguments). Enqueues only: no host read.
-  void enqueue_step(const tensor_view<const C, device, 2>& xv, const typename loss_state::target_view& yv, bool update,
+  void enqueue_step(const input_view& xv, const typename loss_state::target_view& yv, bool update,
                     const detail::step_vars* vars) {
     const std::int64_t micro = micro_step_;
     const std::int64_t window = micro_ == 0 ? micro_step_ : window_first_;
@@ -921,7 +954,7 @@ class trainer {
     cudaGraph_t graph[2] = {nullptr, nullptr};
     cudaGraphExec_t exec[2] = {nullptr, nullptr};
     bool warmed[2] = {false, false};
-    tensor<C, device, 2> x;
+    tensor<C, device, input_rank> x;
     target_tensor y;
     tensor<std::int64_t, device, 1> vars;
 
@@ -943,7 +976,7 @@ class trainer {
       // (the stream was synchronised above: nothing of it still reads them).
       try {
         locus::stream_guard on(owned);
-        x = tensor<C, device, 2>();
+        x = tensor<C, device, input_rank>();
         y = target_tensor();
         vars = tensor<std::int64_t, device, 1>();
       } catch (...) {
@@ -1030,7 +1063,7 @@ class trainer {
       if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
       if (g.x.shape() != xv.shape() || g.y.shape() != yv.shape() || g.x.data_handle() == nullptr) {
         g.drop();  // the graphs point at buffers this shape reallocates
-        g.x = tensor<C, device, 2>(xv.shape());
+        g.x = tensor<C, device, input_rank>(xv.shape());
         g.y = target_tensor(yv.shape());
       }
       LOCUS_CUDA_CHECK(cudaMemcpyAsync(g.x.data_handle(), xv.data_handle(), g.x.size_bytes(),
@@ -1113,7 +1146,7 @@ class trainer {
   tensor<std::int64_t, device, 1> diag_;
   std::int64_t window_first_ = 0;  // the first micro-step of the optimizer step being accumulated
   bool capturing_ = false;         // graph mode: enqueue_step runs inside a capture
-  tensor<C, device, 2> x_cast_;
+  tensor<C, device, 1> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };
 

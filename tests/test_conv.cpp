@@ -1,0 +1,437 @@
+// Convolutional layers on the host: conv2d against a direct f64 convolution written
+// here, finite-difference gradient checks in f64 for every layer (conv2d with stride,
+// padding, dilation and groups, both host paths; pooling; batch norm; flatten), the host
+// path against the device-generic path, batch norm's statistics against a double
+// reference, mixed precision against fp32, rank and channel errors, and a CNN trained
+// through the trainer on Fashion-MNIST images.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <locus/data/loader.hpp>
+#include <locus/train.hpp>
+
+namespace {
+
+using locus::extents;
+using locus::index_t;
+namespace nn = locus::nn;
+using D = locus::cpu;
+using P64 = locus::amp::fp64;
+using P32 = locus::amp::fp32;
+
+/// Deterministic values in (-1, 1) that differ from element to element (no ties for max).
+double value_at(index_t i, double salt) { return std::sin(0.7 * static_cast<double>(i) + salt) * 0.9 + 0.01 * std::cos(3.1 * i); }
+
+template <class T, std::size_t R>
+locus::tensor<T, D, R> filled(const extents<R>& s, double salt) {
+  locus::tensor<T, D, R> t(s);
+  for (index_t i = 0; i < t.numel(); ++i) t.data_handle()[i] = static_cast<T>(value_at(i, salt));
+  return t;
+}
+
+/// The conv2d of PyTorch's definition, in f64 loops: y[n, k, oh, ow] = b[k] + sum over
+/// c in k's group, ky, kx of w[k, c, ky, kx] x[n, g * cg + c, oh * s - p + ky * d, ...].
+std::vector<double> conv_reference(const double* x, const double* w, const double* b, index_t n, index_t c, index_t h,
+                                   index_t wd, index_t k, index_t ks, index_t s, index_t p, index_t d, index_t groups,
+                                   index_t& ho, index_t& wo) {
+  ho = (h + 2 * p - d * (ks - 1) - 1) / s + 1;
+  wo = (wd + 2 * p - d * (ks - 1) - 1) / s + 1;
+  const index_t cg = c / groups, kg = k / groups;
+  std::vector<double> y(static_cast<std::size_t>(n * k * ho * wo));
+  for (index_t in = 0; in < n; ++in)
+    for (index_t ik = 0; ik < k; ++ik)
+      for (index_t oh = 0; oh < ho; ++oh)
+        for (index_t ow = 0; ow < wo; ++ow) {
+          double acc = b ? b[ik] : 0.0;
+          const index_t g = ik / kg;
+          for (index_t ic = 0; ic < cg; ++ic)
+            for (index_t ky = 0; ky < ks; ++ky)
+              for (index_t kx = 0; kx < ks; ++kx) {
+                const index_t ih = oh * s - p + ky * d, iw = ow * s - p + kx * d;
+                if (ih < 0 || ih >= h || iw < 0 || iw >= wd) continue;
+                acc += w[((ik * cg + ic) * ks + ky) * ks + kx] * x[((in * c + g * cg + ic) * h + ih) * wd + iw];
+              }
+          y[static_cast<std::size_t>(((in * k + ik) * ho + oh) * wo + ow)] = acc;
+        }
+  return y;
+}
+
+struct generic_path {
+  explicit generic_path(bool on) { nn::detail::conv_generic_path() = on; }
+  ~generic_path() { nn::detail::conv_generic_path() = false; }
+};
+
+/// L = sum(y * r) for a fixed r: checks dL/dx and dL/dparameters from backward against
+/// central differences (h = 1e-6, f64), at every element (or every `stride`-th).
+template <class Model>
+void gradient_check(Model& m, locus::tensor<double, D, Model::input_rank>& x, double tol = 1e-6, index_t every = 1) {
+  auto y0 = m.forward(std::as_const(x).view());
+  using YT = locus::tensor<double, D, Model::output_rank>;
+  YT r(y0.shape());
+  for (index_t i = 0; i < r.numel(); ++i) r.data_handle()[i] = value_at(i, 2.5);
+  m.parameters().zero_grad();
+  const auto gx_view = m.backward(std::as_const(r).view(), true);
+  std::vector<double> gx(gx_view.data_handle(), gx_view.data_handle() + gx_view.numel());
+  const auto g = m.parameters().grad();
+  std::vector<double> gp(g.data_handle(), g.data_handle() + g.numel());
+  const auto loss = [&] {
+    const auto y = m.forward(std::as_const(x).view());
+    double s = 0.0;
+    for (index_t i = 0; i < y.numel(); ++i) s += y.data_handle()[i] * r.data_handle()[i];
+    return s;
+  };
+  const double h = 1e-6;
+  int bad = 0;
+  for (index_t i = 0; i < x.numel(); i += every) {
+    double& v = x.data_handle()[i];
+    const double keep = v;
+    v = keep + h;
+    const double lp = loss();
+    v = keep - h;
+    const double lm = loss();
+    v = keep;
+    const double fd = (lp - lm) / (2 * h);
+    if (std::abs(fd - gx[static_cast<std::size_t>(i)]) > tol * (1.0 + std::abs(fd)) && bad++ < 5)
+      FAIL_CHECK("dL/dx[" << i << "]: backward " << gx[static_cast<std::size_t>(i)] << ", finite difference " << fd);
+  }
+  auto master = m.parameters().master();
+  for (const auto& e : m.parameters().entries()) {
+    for (index_t j = 0; j < e.numel; j += every) {
+      double& v = master.data_handle()[e.offset + j];
+      const double keep = v;
+      v = keep + h;
+      const double lp = loss();
+      v = keep - h;
+      const double lm = loss();
+      v = keep;
+      const double fd = (lp - lm) / (2 * h);
+      const double an = gp[static_cast<std::size_t>(e.offset + j)];
+      if (std::abs(fd - an) > tol * (1.0 + std::abs(fd)) && bad++ < 5)
+        FAIL_CHECK(e.name << "[" << j << "]: backward " << an << ", finite difference " << fd);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+struct conv_case {
+  index_t n, c, h, w, k, ks, stride, pad, dil, groups;
+  bool bias;
+};
+
+const conv_case conv_cases[] = {
+    {2, 3, 7, 6, 4, 3, 1, 0, 1, 1, true},   // plain
+    {2, 3, 7, 7, 4, 3, 1, 1, 1, 1, true},   // same padding
+    {3, 2, 9, 8, 3, 3, 2, 1, 1, 1, true},   // stride 2
+    {2, 2, 9, 9, 2, 3, 1, 2, 2, 1, false},  // dilation 2, no bias
+    {2, 4, 6, 6, 6, 3, 1, 1, 1, 2, true},   // groups 2
+    {1, 4, 5, 5, 4, 1, 1, 0, 1, 4, true},   // depthwise 1x1
+    {2, 3, 5, 4, 2, 5, 3, 2, 1, 1, true},   // kernel 5, stride 3, non-square input
+};
+
+}  // namespace
+
+TEST_CASE("conv2d: forward equals a direct f64 convolution, on the host path and the device-generic path") {
+  for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    for (const auto& cc : conv_cases) {
+      CAPTURE(generic);
+      CAPTURE(cc.stride);
+      CAPTURE(cc.pad);
+      CAPTURE(cc.dil);
+      CAPTURE(cc.groups);
+      nn::sequential m(nn::conv2d<D, P64>(cc.c, cc.k, cc.ks,
+                                          {.stride = cc.stride, .padding = cc.pad, .dilation = cc.dil,
+                                           .groups = cc.groups, .bias = cc.bias}));
+      m.reset_parameters(7);
+      auto x = filled<double, 4>({cc.n, cc.c, cc.h, cc.w}, 0.3);
+      const auto& conv = m.get<0>();
+      const double* w = conv.weight().data_handle();
+      const double* b = cc.bias ? m.parameters().master().data_handle() + m.parameters().entries()[1].offset : nullptr;
+      index_t ho = 0, wo = 0;
+      const auto ref = conv_reference(x.data_handle(), w, b, cc.n, cc.c, cc.h, cc.w, cc.k, cc.ks, cc.stride, cc.pad,
+                                      cc.dil, cc.groups, ho, wo);
+      const auto y = m.forward(std::as_const(x).view());
+      REQUIRE(y.shape() == extents<4>{cc.n, cc.k, ho, wo});
+      const auto yi = m.infer(std::as_const(x).view());
+      double worst = 0.0;
+      for (index_t i = 0; i < y.numel(); ++i) {
+        worst = std::max(worst, std::abs(y.data_handle()[i] - ref[static_cast<std::size_t>(i)]));
+        CHECK(yi.data_handle()[i] == y.data_handle()[i]);
+      }
+      CHECK(worst < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("conv2d: gradients equal finite differences in f64 (stride, padding, dilation, groups; both paths)") {
+  for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    for (const auto& cc : conv_cases) {
+      CAPTURE(generic);
+      CAPTURE(cc.ks);
+      CAPTURE(cc.stride);
+      CAPTURE(cc.pad);
+      CAPTURE(cc.dil);
+      CAPTURE(cc.groups);
+      nn::sequential m(nn::conv2d<D, P64>(cc.c, cc.k, cc.ks,
+                                          {.stride = cc.stride, .padding = cc.pad, .dilation = cc.dil,
+                                           .groups = cc.groups, .bias = cc.bias}));
+      m.reset_parameters(11);
+      auto x = filled<double, 4>({cc.n, cc.c, cc.h, cc.w}, 0.9);
+      gradient_check(m, x);
+    }
+  }
+}
+
+TEST_CASE("conv2d: the host path and the device-generic path agree in f32 and bf16, gradients accumulate") {
+  nn::sequential a(nn::conv2d<D, P32>(3, 8, 3, {.stride = 1, .padding = 1, .groups = 1}), nn::relu<D, P32>());
+  a.reset_parameters(3);
+  auto x = filled<float, 4>({5, 3, 10, 9}, 0.1);
+  auto r = filled<float, 4>({5, 8, 10, 9}, 1.3);
+  const auto run = [&](bool generic, int times) {
+    generic_path gp(generic);
+    a.parameters().zero_grad();
+    std::vector<float> y, gx;
+    for (int t = 0; t < times; ++t) {
+      const auto yv = a.forward(std::as_const(x).view());
+      y.assign(yv.data_handle(), yv.data_handle() + yv.numel());
+      const auto g = a.backward(std::as_const(r).view(), true);
+      gx.assign(g.data_handle(), g.data_handle() + g.numel());
+    }
+    const auto gp_ = a.parameters().grad();
+    std::vector<float> grads(gp_.data_handle(), gp_.data_handle() + gp_.numel());
+    return std::tuple{y, gx, grads};
+  };
+  const auto [y1, gx1, g1] = run(false, 1);
+  const auto [y2, gx2, g2] = run(true, 1);
+  const auto [y3, gx3, g3] = run(false, 2);
+  for (std::size_t i = 0; i < y1.size(); ++i) CHECK(std::abs(y1[i] - y2[i]) <= 1e-5f * (1 + std::abs(y1[i])));
+  for (std::size_t i = 0; i < gx1.size(); ++i) CHECK(std::abs(gx1[i] - gx2[i]) <= 1e-5f * (1 + std::abs(gx1[i])));
+  for (std::size_t i = 0; i < g1.size(); ++i) {
+    CHECK(std::abs(g1[i] - g2[i]) <= 1e-4f * (1 + std::abs(g1[i])));
+    CHECK(std::abs(2 * g1[i] - g3[i]) <= 1e-4f * (1 + std::abs(g3[i])));  // two backwards add up
+  }
+
+  // bf16: the same weights, rounded; outputs within bf16's precision of f32's
+  using PB = locus::amp::bf16_mixed;
+  nn::sequential b(nn::conv2d<D, PB>(3, 8, 3, {.padding = 1}), nn::relu<D, PB>());
+  b.reset_parameters(3);
+  auto xb = filled<locus::bf16, 4>({5, 3, 10, 9}, 0.1);
+  for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    const auto yb = b.forward(std::as_const(xb).view());
+    double worst = 0.0;
+    for (index_t i = 0; i < yb.numel(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(static_cast<float>(yb.data_handle()[i])) - y1[static_cast<std::size_t>(i)]));
+    CHECK(worst < 0.05);
+    b.parameters().zero_grad();
+    auto rb = filled<locus::bf16, 4>({5, 8, 10, 9}, 1.3);
+    (void)b.backward(std::as_const(rb).view(), true);
+    const auto gb = b.parameters().grad();
+    double gworst = 0.0, gscale = 0.0;
+    for (index_t i = 0; i < gb.numel(); ++i) {
+      gworst = std::max(gworst, static_cast<double>(std::abs(gb.data_handle()[i] - g1[static_cast<std::size_t>(i)])));
+      gscale = std::max(gscale, static_cast<double>(std::abs(g1[static_cast<std::size_t>(i)])));
+    }
+    CHECK(gworst < 0.02 * gscale);
+  }
+}
+
+TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propagates NaN") {
+  SUBCASE("max_pool2d") {
+    nn::sequential m(nn::max_pool2d<D, P64>(2));
+    auto x = filled<double, 4>({2, 3, 6, 7}, 0.2);
+    gradient_check(m, x);
+    nn::sequential o(nn::max_pool2d<D, P64>(3, {.stride = 2, .padding = 1}));  // overlapping, padded
+    auto x2 = filled<double, 4>({2, 2, 7, 6}, 0.4);
+    gradient_check(o, x2);
+    CHECK(o.output_shape({2, 2, 7, 6}) == std::vector<index_t>{2, 2, 4, 3});
+  }
+  SUBCASE("avg_pool2d") {
+    nn::sequential m(nn::avg_pool2d<D, P64>(2));
+    auto x = filled<double, 4>({2, 3, 6, 7}, 0.2);
+    gradient_check(m, x);
+    nn::sequential o(nn::avg_pool2d<D, P64>(3, {.stride = 2, .padding = 1}));
+    auto x2 = filled<double, 4>({2, 2, 7, 6}, 0.4);
+    gradient_check(o, x2);
+    nn::sequential q(nn::avg_pool2d<D, P64>(3, {.stride = 2, .padding = 1, .count_include_pad = false}));
+    gradient_check(q, x2);
+    // the divisors at a corner: with the padding counted 9, without it 4
+    locus::tensor<double, D, 4> ones(extents<4>{1, 1, 3, 3});
+    for (index_t i = 0; i < 9; ++i) ones.data_handle()[i] = 1.0;
+    const auto with = o.infer(std::as_const(ones).view());
+    const auto without = q.infer(std::as_const(ones).view());
+    CHECK(with(0, 0, 0, 0) == doctest::Approx(4.0 / 9.0));
+    CHECK(without(0, 0, 0, 0) == doctest::Approx(1.0));
+  }
+  SUBCASE("adaptive_avg_pool2d") {
+    nn::sequential m(nn::adaptive_avg_pool2d<D, P64>(3, 2));  // windows that overlap: 7 -> 3
+    auto x = filled<double, 4>({2, 2, 7, 5}, 0.6);
+    gradient_check(m, x);
+    nn::sequential g(nn::adaptive_avg_pool2d<D, P64>(1));  // global average
+    const auto y = g.infer(std::as_const(x).view());
+    double s = 0.0;
+    for (index_t i = 0; i < 35; ++i) s += x.data_handle()[i];
+    CHECK(y(0, 0, 0, 0) == doctest::Approx(s / 35.0).epsilon(1e-14));
+  }
+  SUBCASE("NaN") {
+    nn::sequential m(nn::max_pool2d<D, P32>(2));
+    auto x = filled<float, 4>({1, 1, 4, 4}, 0.0);
+    x(0, 0, 1, 1) = std::numeric_limits<float>::quiet_NaN();
+    const auto y = m.infer(std::as_const(x).view());
+    CHECK(std::isnan(y(0, 0, 0, 0)));
+    CHECK(!std::isnan(y(0, 0, 0, 1)));
+  }
+}
+
+TEST_CASE("batch_norm2d: statistics, running statistics and inference output against a double reference; gradients") {
+  const index_t n = 3, c = 2, h = 4, w = 5;
+  nn::sequential m(nn::batch_norm2d<D, P64>(c, {.momentum = 0.25}));
+  auto x = filled<double, 4>({n, c, h, w}, 0.8);
+  for (index_t i = 0; i < x.numel(); ++i) x.data_handle()[i] = x.data_handle()[i] * 3.0 + 1.5;  // mean 1.5-ish
+  // weight and bias other than 1 and 0
+  auto master = m.parameters().master();
+  master.data_handle()[m.parameters().entries()[0].offset + 1] = 1.7;
+  master.data_handle()[m.parameters().entries()[1].offset + 0] = -0.4;
+  const auto y = m.forward(std::as_const(x).view());
+  const auto& bn = m.get<0>();
+  for (index_t ch = 0; ch < c; ++ch) {
+    double s = 0.0, q = 0.0;
+    for (index_t b = 0; b < n; ++b)
+      for (index_t j = 0; j < h * w; ++j) s += x.data_handle()[(b * c + ch) * h * w + j];
+    const double count = static_cast<double>(n * h * w), mean = s / count;
+    for (index_t b = 0; b < n; ++b)
+      for (index_t j = 0; j < h * w; ++j) q += std::pow(x.data_handle()[(b * c + ch) * h * w + j] - mean, 2);
+    const double var = q / count;
+    const double gamma = ch == 1 ? 1.7 : 1.0, beta = ch == 0 ? -0.4 : 0.0;
+    for (index_t b = 0; b < n; ++b)
+      for (index_t j = 0; j < h * w; ++j) {
+        const index_t i = (b * c + ch) * h * w + j;
+        CHECK(y.data_handle()[i] == doctest::Approx((x.data_handle()[i] - mean) / std::sqrt(var + 1e-5) * gamma + beta).epsilon(1e-12));
+      }
+    CHECK(bn.running_mean()(ch) == doctest::Approx(0.25 * mean).epsilon(1e-12));
+    CHECK(bn.running_var()(ch) == doctest::Approx(0.75 + 0.25 * q / (count - 1.0)).epsilon(1e-12));
+    // inference: the running statistics
+    const auto yi = m.infer(std::as_const(x).view());
+    const double rm = 0.25 * mean, rv = 0.75 + 0.25 * q / (count - 1.0);
+    const index_t i0 = ch * h * w;
+    CHECK(yi.data_handle()[i0] == doctest::Approx((x.data_handle()[i0] - rm) / std::sqrt(rv + 1e-5) * gamma + beta).epsilon(1e-12));
+  }
+  int tracked = 0;
+  m.for_each_buffer([&](const std::string& name, const auto& v) {
+    if (name == "0.num_batches_tracked") tracked = static_cast<int>(v.data_handle()[0]);
+  });
+  CHECK(tracked == 1);
+  gradient_check(m, x, 1e-6);
+  // not affine
+  nn::sequential plain(nn::batch_norm2d<D, P64>(c, {.affine = false}));
+  CHECK(plain.parameters().count() == 0);
+  gradient_check(plain, x, 1e-6);
+}
+
+TEST_CASE("a small CNN: gradients of the whole model equal finite differences; flatten is a view") {
+  nn::sequential m(nn::conv2d<D, P64>(2, 3, 3, {.padding = 1}), nn::batch_norm2d<D, P64>(3), nn::tanh<D, P64>(),
+                   nn::max_pool2d<D, P64>(2), nn::conv2d<D, P64>(3, 4, 2, {.stride = 1}), nn::sigmoid<D, P64>(),
+                   nn::flatten<D, P64>(), nn::linear<D, P64>(4 * 2 * 2, 3));
+  m.reset_parameters(5);
+  auto x = filled<double, 4>({3, 2, 6, 6}, 1.1);
+  gradient_check(m, x, 1e-6);
+  CHECK(m.output_shape({3, 2, 6, 6}) == std::vector<index_t>{3, 3});
+  static_assert(decltype(m)::input_rank == 4 && decltype(m)::output_rank == 2);
+}
+
+TEST_CASE("CNN layers: bad arguments and shapes are errors that name the layer") {
+  using E = locus::shape_error;
+  using Conv = nn::conv2d<D, P32>;
+  using MaxPool = nn::max_pool2d<D, P32>;
+  using Adaptive = nn::adaptive_avg_pool2d<D, P32>;
+  using BatchNorm = nn::batch_norm2d<D, P32>;
+  using Relu = nn::relu<D, P32>;
+  using Flatten = nn::flatten<D, P32>;
+  using Linear = nn::linear<D, P32>;
+  CHECK_THROWS_WITH_AS(Conv(3, 8, 3, {.stride = 0}), "locus: conv2d(3, 8, 3, stride=0): stride must be at least 1, got 0", E);
+  CHECK_THROWS_WITH_AS(Conv(3, 8, 3, {.groups = 2}),
+                       "locus: conv2d(3, 8, 3, groups=2): groups (2) must divide both the input channels (3) and the output channels (8)", E);
+  CHECK_THROWS_AS(Conv(0, 8, 3), E);
+  CHECK_THROWS_AS(Conv(3, 8, 0), E);
+  CHECK_THROWS_AS(Conv(3, 8, 3, {.padding = -1}), E);
+  CHECK_THROWS_AS(MaxPool(2, {.stride = 0}), E);
+  CHECK_THROWS_WITH_AS(MaxPool(2, {.padding = 2}),
+                       "locus: max_pool2d(2, padding=2): padding must be in [0, kernel_size / 2], got 2", E);
+  CHECK_THROWS_AS(Adaptive(0), E);
+  CHECK_THROWS_AS(BatchNorm(4, {.momentum = 2.0}), locus::value_error);
+
+  // channels that do not match, found when the model is built
+  CHECK_THROWS_WITH_AS(nn::sequential(Conv(1, 8, 3), Relu(), Conv(4, 8, 3)),
+                       "locus: sequential layer 2: conv2d(4, 8, 3) takes 4 channels, but its input has 8 (the output of the layer before it)", E);
+  CHECK_THROWS_WITH_AS(nn::sequential(Conv(1, 8, 3), BatchNorm(6)),
+                       "locus: sequential layer 1: batch_norm2d(6) takes 6 channels, but its input has 8 (the output of the layer before it)", E);
+  // after a flatten the width is known at the first batch (or from output_shape)
+  nn::sequential m(Conv(1, 2, 3), Flatten(), Linear(10, 3));
+  CHECK_THROWS_WITH_AS((void)m.output_shape({1, 1, 5, 5}),
+                       "locus: sequential layer 2: linear(10, 3) takes 10 features, but its input has 18", E);
+  auto x = filled<float, 4>({1, 1, 5, 5}, 0.0);
+  CHECK_THROWS_AS((void)m.forward(std::as_const(x).view()), E);
+  // the input's channels, and a kernel larger than the padded input
+  nn::sequential c(Conv(3, 2, 5, {.padding = 1}));
+  auto x1 = filled<float, 4>({1, 1, 8, 8}, 0.0);
+  CHECK_THROWS_WITH_AS((void)c.forward(std::as_const(x1).view()),
+                       "locus: conv2d(3, 2, 5, padding=1) takes 3 channels, but its input [1, 1, 8, 8] has 1", E);
+  auto x2 = filled<float, 4>({1, 3, 2, 2}, 0.0);
+  CHECK_THROWS_WITH_AS((void)c.infer(std::as_const(x2).view()),
+                       "locus: conv2d(3, 2, 5, padding=1): the kernel (5 wide with dilation) is larger than the padded input [1, 3, 2, 2] (padding 1)", E);
+  // batch norm over one value per channel in training
+  nn::sequential bn(BatchNorm(3));
+  auto x3 = filled<float, 4>({1, 3, 1, 1}, 0.0);
+  CHECK_THROWS_AS((void)bn.forward(std::as_const(x3).view()), E);
+  CHECK_NOTHROW((void)bn.infer(std::as_const(x3).view()));
+  // empty batch: an empty output
+  auto x4 = filled<float, 4>({0, 3, 8, 8}, 0.0);
+  CHECK(c.infer(std::as_const(x4).view()).shape() == extents<4>{0, 2, 6, 6});
+}
+
+TEST_CASE("a CNN trains on Fashion-MNIST images through the trainer and data::images") {
+  namespace fs = std::filesystem;
+  const fs::path dir = std::getenv("LOCUS_FASHION_MNIST_DIR") ? std::getenv("LOCUS_FASHION_MNIST_DIR") : "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(dir / "train-images-idx3-ubyte.gz") && !fs::exists(dir / "train-images-idx3-ubyte")) {
+    MESSAGE("Fashion-MNIST not found in " << dir << ": skipped");
+    return;
+  }
+  auto train = locus::data::idx_dataset::from_directory(dir, "train");
+  auto test = locus::data::idx_dataset::from_directory(dir, "t10k");
+  nn::sequential m(nn::conv2d<D, P32>(1, 8, 3, {.padding = 1}), nn::batch_norm2d<D, P32>(8), nn::relu<D, P32>(),
+                   nn::max_pool2d<D, P32>(2), nn::conv2d<D, P32>(8, 16, 3, {.padding = 1}), nn::relu<D, P32>(),
+                   nn::max_pool2d<D, P32>(2), nn::flatten<D, P32>(), nn::linear<D, P32>(16 * 7 * 7, 10));
+  m.reset_parameters(1);
+  locus::optim::adamw<D> opt(m.parameters(), {.lr = 2e-3});
+  locus::train::trainer t(m, opt, nn::cross_entropy{});
+  locus::data::loader<D> rows(train, {.batch_size = 64, .shuffle = true, .seed = 3});
+  auto batches = locus::data::images(rows, 1, 28, 28);
+  // 100 batches only (a CI-sized run)
+  index_t seen = 0;
+  double first = 0.0, last = 0.0;
+  for (auto& b : batches) {
+    t.step(b.x, b.y);
+    if (++seen % 20 == 0) {
+      const double l = t.report().loss;
+      if (seen == 20) first = l;
+      last = l;
+    }
+    if (seen == 100) break;
+  }
+  CHECK(last < first);
+  locus::data::loader<D> test_rows(test, {.batch_size = 500});
+  auto test_batches = locus::data::images(test_rows, 1, 28, 28);
+  const auto r = t.evaluate(test_batches);
+  MESSAGE("CNN after 100 batches of 64: test accuracy " << r.accuracy);
+  CHECK(r.accuracy > 0.70);
+  CHECK_THROWS_AS(locus::data::images(rows, 1, 28, 27), locus::shape_error);
+}
