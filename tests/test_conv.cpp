@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -434,4 +435,102 @@ TEST_CASE("a CNN trains on Fashion-MNIST images through the trainer and data::im
   MESSAGE("CNN after 100 batches of 64: test accuracy " << r.accuracy);
   CHECK(r.accuracy > 0.70);
   CHECK_THROWS_AS(locus::data::images(rows, 1, 28, 27), locus::shape_error);
+}
+
+namespace {
+/// 96 synthetic 1 x 8 x 8 images, three classes (which quarter holds the bright blob).
+struct blobs {
+  [[nodiscard]] index_t size() const { return 96; }
+  [[nodiscard]] index_t features() const { return 64; }
+  std::int64_t load(index_t i, std::span<float> x) const {
+    const std::int64_t label = i % 3;
+    for (index_t p = 0; p < 64; ++p) {
+      const index_t r = p / 8, c = p % 8;
+      const bool in = label == 0 ? (r < 4 && c < 4) : label == 1 ? (r >= 4 && c < 4) : (c >= 4);
+      x[static_cast<std::size_t>(p)] = static_cast<float>((in ? 0.8 : 0.1) + 0.2 * value_at(i * 64 + p, 0.5));
+    }
+    return label;
+  }
+};
+
+auto blob_cnn(std::uint64_t seed) {
+  nn::sequential m(nn::conv2d<D, P32>(1, 4, 3, {.padding = 1}), nn::batch_norm2d<D, P32>(4), nn::relu<D, P32>(),
+                   nn::max_pool2d<D, P32>(2), nn::dropout<D, P32>(0.1f, 9), nn::flatten<D, P32>(),
+                   nn::linear<D, P32>(4 * 4 * 4, 3));
+  m.reset_parameters(seed);
+  return m;
+}
+
+std::filesystem::path temp_file(const std::string& name) {
+  const auto p = std::filesystem::temp_directory_path() / ("locus-conv-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+template <class Model>
+std::vector<float> all_state(const Model& m) {
+  const auto w = m.parameters().master();
+  std::vector<float> out(w.data_handle(), w.data_handle() + w.numel());
+  m.for_each_buffer([&](const std::string&, const auto& v) {
+    for (index_t i = 0; i < v.numel(); ++i) out.push_back(static_cast<float>(v.data_handle()[i]));
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("CNN checkpoints: resume equals no stop bit for bit (batch norm's running statistics included); nn::save/load") {
+  const blobs data;
+  locus::data::loader<D, blobs> rows(data, {.batch_size = 16, .shuffle = true, .seed = 5});
+  auto batches = locus::data::images(rows, 1, 8, 8);
+  const auto file = temp_file("resume") / "ck.safetensors";
+
+  auto a = blob_cnn(3);
+  locus::optim::adamw<D> oa(a.parameters(), {.lr = 1e-2});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{});
+  for (std::int64_t e = 0; e < 3; ++e) (void)ta.train_epoch(batches, {.epoch = e});
+
+  auto b = blob_cnn(3);
+  {
+    locus::optim::adamw<D> ob(b.parameters(), {.lr = 1e-2});
+    locus::train::trainer tb(b, ob, nn::cross_entropy{});
+    (void)tb.train_epoch(batches, {.epoch = 0});
+    locus::train::save_checkpoint(file, tb, 1);
+  }
+  auto c = blob_cnn(99);  // other weights, fresh statistics
+  locus::optim::adamw<D> oc(c.parameters(), {.lr = 1e-2});
+  locus::train::trainer tc(c, oc, nn::cross_entropy{});
+  REQUIRE(locus::train::resume(file, tc) == 1);
+  for (std::int64_t e = 1; e < 3; ++e) (void)tc.train_epoch(batches, {.epoch = e});
+  CHECK(all_state(a) == all_state(c));
+  const auto arch = locus::io::load<locus::cpu>(file);
+  CHECK(arch.contains("1.running_mean"));
+  CHECK(arch.info("1.num_batches_tracked").shape.empty());
+  CHECK(arch.info("0.weight").shape == std::vector<index_t>{4, 1, 3, 3});
+
+  // the model alone: weights and running statistics, inference equal bit for bit
+  const auto mfile = file.parent_path() / "model.safetensors";
+  nn::save(mfile, a);
+  auto d = blob_cnn(1234);
+  nn::load(mfile, d);
+  CHECK(all_state(d) == all_state(a));
+  locus::tensor<float, D, 4> x(extents<4>{4, 1, 8, 8});
+  for (index_t i = 0; i < x.numel(); ++i) x.data_handle()[i] = static_cast<float>(value_at(i, 0.2));
+  const auto ya = a.infer(std::as_const(x).view());
+  const auto yd = d.infer(std::as_const(x).view());
+  for (index_t i = 0; i < ya.numel(); ++i) CHECK(ya.data_handle()[i] == yd.data_handle()[i]);
+
+  // a file without the running statistics (an MLP's) is a shape_error naming them
+  nn::sequential mlp(nn::linear<D, P32>(64, 3));
+  const auto other = file.parent_path() / "mlp.safetensors";
+  nn::save(other, mlp);
+  const auto before = all_state(d);
+  try {
+    nn::load(other, d);
+    FAIL("loaded another model's file");
+  } catch (const locus::shape_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("1.running_mean: model F32 [4], file has no such tensor") != std::string::npos);
+  }
+  CHECK(all_state(d) == before);
+  std::filesystem::remove_all(file.parent_path());
 }

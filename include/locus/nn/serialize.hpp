@@ -4,7 +4,8 @@
 //   locus::nn::load("mlp.safetensors", model);   // onto the model's device; infer() at once
 //
 // The file is safetensors with the master weights under the names PyTorch's
-// nn.Sequential gives them ("0.weight", "0.bias", ...), so torch's
+// nn.Sequential gives them ("0.weight", "0.bias", ...), and the buffers (batch norm's
+// "1.running_mean", "1.running_var", "1.num_batches_tracked"), so torch's
 // `model.load_state_dict(safetensors.torch.load_file(path))` reads it, and
 // __metadata__ {"format": "locus-model-1", "policy": ...}. nn::load also reads a
 // training checkpoint (train::save_checkpoint), taking its weights and ignoring the
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../core/error.hpp"
 #include "../io/safetensors.hpp"
@@ -28,20 +30,86 @@
 namespace locus::nn {
 
 namespace detail {
-/// A flat range of the store reshaped to a parameter's shape (rank 1 or 2), given to f.
+/// A flat range of the store reshaped to a parameter's shape (rank 1 to 4), given to f.
 template <class T, class D, class F>
 void with_shape(T* base, const parameter_info& e, F&& f) {
-  if (e.shape.size() == 2)
-    f(tensor_view<T, D, 2>(::locus::detail::raw_view_key{}, base + e.offset, extents<2>{e.shape[0], e.shape[1]}));
+  const auto& s = e.shape;
+  T* p = base + e.offset;
+  using ::locus::detail::raw_view_key;
+  if (s.size() == 4)
+    f(tensor_view<T, D, 4>(raw_view_key{}, p, extents<4>{s[0], s[1], s[2], s[3]}));
+  else if (s.size() == 3)
+    f(tensor_view<T, D, 3>(raw_view_key{}, p, extents<3>{s[0], s[1], s[2]}));
+  else if (s.size() == 2)
+    f(tensor_view<T, D, 2>(raw_view_key{}, p, extents<2>{s[0], s[1]}));
   else
-    f(tensor_view<T, D, 1>(::locus::detail::raw_view_key{}, base + e.offset, extents<1>{e.numel}));
+    f(tensor_view<T, D, 1>(raw_view_key{}, p, extents<1>{e.numel}));
+}
+
+/// One buffer of a model (batch norm's running statistics): name, dtype, shape.
+struct buffer_info {
+  std::string name;
+  std::string dtype;
+  std::vector<index_t> shape;
+};
+
+/// The model's buffers (Model::for_each_buffer), in order; empty for models without.
+template <class Model>
+std::vector<buffer_info> buffers_of(const Model& m) {
+  std::vector<buffer_info> out;
+  if constexpr (requires { m.for_each_buffer([](const std::string&, const auto&) {}); }) {
+    m.for_each_buffer([&](const std::string& name, const auto& v) {
+      using T = std::remove_cv_t<typename std::remove_cvref_t<decltype(v)>::element_type>;
+      buffer_info b{name, io::detail::st_dtype<T>(), {}};
+      for (const index_t e : v.shape()) b.shape.push_back(e);
+      out.push_back(std::move(b));
+    });
+  }
+  return out;
+}
+
+/// Adds every buffer of the model to a safetensors writer.
+template <class Model>
+void add_buffers(io::writer& w, const Model& m) {
+  if constexpr (requires { m.for_each_buffer([](const std::string&, const auto&) {}); })
+    m.for_each_buffer([&](const std::string& name, const auto& v) { w.add(name, v); });
+}
+
+/// Every buffer the archive lacks or holds with another dtype or shape, one line each.
+template <Device AD, class Model>
+std::string buffer_mismatches(const io::archive<AD>& a, const Model& m, const std::string& what) {
+  std::string out;
+  for (const auto& b : buffers_of(m)) {
+    if (!a.contains(b.name)) {
+      out += "\n  " + b.name + ": model " + b.dtype + " " + io::detail::shape_text(b.shape) + ", " + what +
+             " has no such tensor";
+      continue;
+    }
+    const io::tensor_info& f = a.info(b.name);
+    if (f.shape != b.shape || f.dtype != b.dtype)
+      out += "\n  " + b.name + ": model " + b.dtype + " " + io::detail::shape_text(b.shape) + ", " + what + " " +
+             io::detail::printable(f.dtype) + " " + f.shape_string();
+  }
+  return out;
+}
+
+/// Copies the archive's buffers into the model (after buffer_mismatches found none).
+template <Device AD, class Model>
+void load_buffers(const io::archive<AD>& a, Model& m) {
+  if constexpr (requires { m.for_each_buffer([](const std::string&, const auto&) {}); }) {
+    m.for_each_buffer([&](const std::string& name, const auto& v) {
+      using T = std::remove_cv_t<typename std::remove_cvref_t<decltype(v)>::element_type>;
+      copy(a.template flat<T>(name), v.reshape(extents<1>{v.numel()}));
+    });
+  }
 }
 /// Every difference between the store's parameters and the archive's weights, one line
 /// each ("\n  name: model [..], <what> [..]" or "... has no such ..."), empty when they
 /// match; `what` names the file in the lines ("checkpoint", "file"). Optimizer and
 /// scaler state ("optimizer.*", "scaler.*") is not a weight.
 template <Device AD, class Store>
-std::string weight_mismatches(const io::archive<AD>& a, const Store& store, const std::string& what) {
+std::string weight_mismatches(const io::archive<AD>& a, const Store& store, const std::string& what,
+                              const std::vector<buffer_info>& buffers = {}) {
   std::string out;
   for (const auto& e : store.entries()) {
     if (!a.contains(e.name)) {
@@ -55,6 +123,7 @@ std::string weight_mismatches(const io::archive<AD>& a, const Store& store, cons
     if (name.rfind("optimizer.", 0) == 0 || name.rfind("scaler.", 0) == 0) continue;
     bool known = false;
     for (const auto& e : store.entries()) known = known || e.name == name;
+    for (const auto& b : buffers) known = known || b.name == name;
     if (!known)
       out += "\n  " + io::detail::printable(name) + ": " + what + " " + f.shape_string() + ", model has no such parameter";
   }
@@ -73,6 +142,7 @@ void save(const std::filesystem::path& path, const Model& model) {
   const M* base = store.master().data_handle();
   for (const auto& e : store.entries())
     detail::with_shape<const M, D>(base, e, [&](const auto& v) { w.add(e.name, v); });
+  detail::add_buffers(w, model);
   w.metadata("format", "locus-model-1");
   w.metadata("policy", std::string(P::name));
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
@@ -88,7 +158,8 @@ void load_into(const std::filesystem::path& path, Model& model) {
   using M = typename P::master;
   const auto a = io::load<D>(path);
   auto& store = model.parameters();
-  const std::string mismatches = detail::weight_mismatches(a, store, "file");
+  const std::string mismatches = detail::weight_mismatches(a, store, "file", detail::buffers_of(model)) +
+                                 detail::buffer_mismatches(a, model, "file");
   if (!mismatches.empty())
     throw shape_error("locus: '" + a.path() + "' holds the weights of a model of another shape:" + mismatches);
   for (const auto& e : store.entries()) {
@@ -100,6 +171,7 @@ void load_into(const std::filesystem::path& path, Model& model) {
   }
   for (std::size_t i = 0; i < store.entries().size(); ++i)
     copy(a.template flat<M>(store.entries()[i].name), store.master_flat(i));
+  detail::load_buffers(a, model);
   store.sync_compute();
 }
 }  // namespace detail

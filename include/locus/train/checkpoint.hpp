@@ -178,6 +178,7 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
         w.add(std::string("optimizer.") + name + "." + e.name, v);
       });
   });
+  nn::detail::add_buffers(w, std::as_const(model));
   w.add("optimizer.step", t.optimizer().step_tensor());
   if constexpr (Trainer::has_scaler) w.add("scaler.state", t.scaler()->state_dict());
   w.metadata("format", "locus-checkpoint-1");
@@ -280,7 +281,9 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
   const auto& entries = store.entries();
 
   // Every difference first, then one error that lists them all.
-  const std::string mismatches = nn::detail::weight_mismatches(a, store, "checkpoint");
+  const std::string mismatches =
+      nn::detail::weight_mismatches(a, store, "checkpoint", nn::detail::buffers_of(std::as_const(model))) +
+      nn::detail::buffer_mismatches(a, std::as_const(model), "checkpoint");
   if (!mismatches.empty())
     throw shape_error("locus: checkpoint '" + a.path() + "' was saved from a model of another shape:" + mismatches);
 
@@ -354,6 +357,7 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
   });
   copy(a.template get<std::int64_t, 1>("optimizer.step"), t.optimizer().step_tensor());
   if constexpr (Trainer::has_scaler) t.scaler()->load_state_dict(std::as_const(scaler_state).view());
+  nn::detail::load_buffers(a, model);
   t.optimizer().after_load();  // the compute copy of the weights
 
   model.for_each_layer([&](std::size_t i, auto& layer) {
