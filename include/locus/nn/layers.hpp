@@ -493,19 +493,19 @@ constexpr bool layer_takes_rank() {
     static_assert(Takes != 2,
                   "locus: a sequential model feeds a rank-4 activation [batch, channels, height, width] into a layer "
                   "that takes rank 2 [batch, features] (such as linear); insert locus::nn::flatten<D, P>() before "
-                  "that layer (its position is 'Layer' in the note below, counted from 0)");
+                  "that layer (its position, counted from 0, is 'Layer' in the compiler's instantiation note)");
     return false;
   } else if constexpr (Takes == 4 && Gets == 2) {
     static_assert(Takes != 4,
                   "locus: a sequential model feeds a rank-2 activation [batch, features] into a layer that takes "
                   "rank 4 [batch, channels, height, width] (conv2d, pooling, batch_norm2d, flatten); put it before "
                   "the flatten, or start the model with it (its input is then [batch, channels, height, width]); "
-                  "its position is 'Layer' in the note below, counted from 0");
+                  "its position, counted from 0, is 'Layer' in the compiler's instantiation note");
     return false;
   } else {
     static_assert(Takes == Gets,
                   "locus: a sequential model feeds an activation of one rank into a layer that takes another "
-                  "('Gets' and 'Takes' in the note below; 'Layer' is its position, counted from 0); insert a "
+                  "('Gets' and 'Takes' in the compiler's instantiation note; 'Layer' is its position, counted from 0); insert a "
                   "layer that changes the rank (locus::nn::flatten<D, P>() for rank 4 to rank 2)");
     return false;
   }
