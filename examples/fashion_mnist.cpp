@@ -31,6 +31,7 @@
 // single process it always was, MPI not even initialised.
 #include <algorithm>
 #include <locus/data/loader.hpp>
+#include <locus/data/transforms.hpp>
 #include <locus/train.hpp>
 #if LOCUS_HAS_MPI
 #include <locus/dist.hpp>
@@ -84,6 +85,8 @@ struct config {
   double clip_grad_norm = 0.0;  // 0: no clipping
   std::uint64_t seed = 0;
   std::vector<locus::index_t> hidden{512, 256};
+  std::string model = "mlp";
+  bool augment = true;  // cnn: random crops and flips of the training images
   std::string checkpoint_dir;
   bool resume = false;
   std::string resume_file;
@@ -156,6 +159,11 @@ config parse(int argc, char** argv) {
             return {};
           },
           "N"));
+  app.add_option("--model", c.model,
+                 "mlp (784-512-256-10) or cnn (two 3x3 convolutions with batch norm and pooling, then 128-10)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--augment", c.augment,
+                 "cnn: random 28x28 crops of the images padded by 2, and horizontal flips (true or false)");
   app.add_option("--hidden", c.hidden, "the two hidden layers' widths, e.g. 512,256")
       ->delimiter(',')
       ->expected(2)
@@ -186,6 +194,24 @@ config parse(int argc, char** argv) {
 
 std::string bytes(std::size_t b) { return locus::out_of_memory::format_bytes(b); }
 
+/// The main job's CNN for 1 x rows x cols images: two 3x3 convolutions (32 and 64
+/// channels, same padding) each with batch norm, relu and 2x2 max pooling, then a
+/// 128-wide hidden layer with dropout and the classes.
+template <class D, class P>
+auto make_cnn(locus::index_t rows, locus::index_t cols, locus::index_t classes, std::uint64_t seed) {
+  namespace nn = locus::nn;
+  nn::sequential m(nn::conv2d<D, P>(1, 32, 3, {.padding = 1}), nn::batch_norm2d<D, P>(32), nn::relu<D, P>(),
+                   nn::max_pool2d<D, P>(2), nn::conv2d<D, P>(32, 64, 3, {.padding = 1}), nn::batch_norm2d<D, P>(64),
+                   nn::relu<D, P>(), nn::max_pool2d<D, P>(2), nn::flatten<D, P>(),
+                   nn::linear<D, P>(64 * (rows / 4) * (cols / 4), 128), nn::relu<D, P>(), nn::dropout<D, P>(0.3f, seed),
+                   nn::linear<D, P>(128, classes));
+  m.reset_parameters(seed);
+  return m;
+}
+
+template <class D, class P, class Model>
+int train_model(const config& c, locus::data::idx_dataset& train_set, locus::data::idx_dataset& test_set, Model& model);
+
 template <class D, class P>
 int run(const config& c) {
   namespace nn = locus::nn;
@@ -195,11 +221,26 @@ int run(const config& c) {
   const locus::index_t features = train_set.rows() * train_set.cols();
   std::int64_t classes = 0;
   for (std::int64_t v : train_set.labels().span()) classes = std::max(classes, v + 1);
-
+  if (c.model == "cnn") {
+    if (train_set.rows() < 4 || train_set.cols() < 4)
+      throw std::runtime_error("--model cnn needs images of at least 4 x 4 pixels");
+    auto model = make_cnn<D, P>(train_set.rows(), train_set.cols(), classes, c.seed);
+    return train_model<D, P>(c, train_set, test_set, model);
+  }
   nn::sequential model(nn::linear<D, P>(features, c.hidden[0]), nn::relu<D, P>(),
                        nn::linear<D, P>(c.hidden[0], c.hidden[1]), nn::relu<D, P>(),
                        nn::linear<D, P>(c.hidden[1], classes));
   model.reset_parameters(c.seed);
+  return train_model<D, P>(c, train_set, test_set, model);
+}
+
+template <class D, class P, class Model>
+int train_model(const config& c, locus::data::idx_dataset& train_set, locus::data::idx_dataset& test_set, Model& model) {
+  namespace nn = locus::nn;
+  constexpr bool images = Model::input_rank == 4;
+  const locus::index_t rows = train_set.rows(), cols = train_set.cols(), features = rows * cols;
+  const std::int64_t classes = model.output_shape(images ? std::vector<locus::index_t>{1, 1, rows, cols}
+                                                         : std::vector<locus::index_t>{1, features})[1];
   locus::optim::adamw<D> opt(model.parameters(), {.lr = c.lr, .weight_decay = 1e-4});
 
   constexpr locus::index_t eval_batch_size = 1000;
@@ -219,17 +260,45 @@ int run(const config& c) {
         dp.emplace(*comm, t);
       }
     }
-    auto train_epoch = [&](auto& loader, const locus::train::epoch_options& eo) {
-      return dp ? dp->train_epoch(loader, eo) : t.train_epoch(loader, eo);
+    auto train_epoch = [&](auto& rows_loader, const locus::train::epoch_options& eo) {
+      auto run_on = [&](auto& loader) { return dp ? dp->train_epoch(loader, eo) : t.train_epoch(loader, eo); };
+      if constexpr (images) {
+        auto b = locus::data::images(rows_loader, 1, rows, cols);
+        return run_on(b);
+      } else {
+        return run_on(rows_loader);
+      }
     };
-    auto evaluate = [&](auto& loader) { return dp ? dp->evaluate(loader) : t.evaluate(loader); };
+    auto evaluate = [&](auto& rows_loader) {
+      auto run_on = [&](auto& loader) { return dp ? dp->evaluate(loader) : t.evaluate(loader); };
+      if constexpr (images) {
+        auto b = locus::data::images(rows_loader, 1, rows, cols);
+        return run_on(b);
+      } else {
+        return run_on(rows_loader);
+      }
+    };
     auto save = [&](const std::filesystem::path& path, std::int64_t epoch, const std::map<std::string, std::string>& run) {
       if (dp) dp->save_checkpoint(path, epoch, run);
       else locus::train::save_checkpoint(path, t, epoch, run);
     };
 #else
-    auto train_epoch = [&](auto& loader, const locus::train::epoch_options& eo) { return t.train_epoch(loader, eo); };
-    auto evaluate = [&](auto& loader) { return t.evaluate(loader); };
+    auto train_epoch = [&](auto& rows_loader, const locus::train::epoch_options& eo) {
+      if constexpr (images) {
+        auto b = locus::data::images(rows_loader, 1, rows, cols);
+        return t.train_epoch(b, eo);
+      } else {
+        return t.train_epoch(rows_loader, eo);
+      }
+    };
+    auto evaluate = [&](auto& rows_loader) {
+      if constexpr (images) {
+        auto b = locus::data::images(rows_loader, 1, rows, cols);
+        return t.evaluate(b);
+      } else {
+        return t.evaluate(rows_loader);
+      }
+    };
     auto save = [&](const std::filesystem::path& path, std::int64_t epoch, const std::map<std::string, std::string>& run) {
       locus::train::save_checkpoint(path, t, epoch, run);
     };
@@ -245,7 +314,17 @@ int run(const config& c) {
       // the training's buffers are still held: the probe also holds the test loader's
       // batches (prefetch + 1 of eval_batch) and the inference forward's activations.
       std::vector<locus::tensor<float, D, 2>> ahead;
-      const locus::index_t widths = c.hidden[0] + c.hidden[1] + classes;
+      // per sample: the MLP's layer widths, or every CNN layer's output
+      locus::index_t widths = 0;
+      if constexpr (images) {
+        for (const auto& shape : model.layer_shapes({1, 1, rows, cols})) {
+          locus::index_t n = 1;
+          for (const auto e : shape) n *= e;
+          widths += n;
+        }
+      } else {
+        widths = c.hidden[0] + c.hidden[1] + classes;
+      }
       batch = locus::train::find_max_batch_size(
           t,
           [&](locus::index_t b) {
@@ -255,9 +334,14 @@ int run(const config& c) {
             for (int k = 0; k <= train_options.prefetch; ++k)
               ahead.push_back(locus::empty<float, D>({eval_batch, features + 2}));
             ahead.push_back(locus::empty<float, D>({eval_batch, 2 * widths}));
-            auto x = locus::zeros<float, D>({b, features});
             auto y = locus::zeros<std::int64_t, D>({b});
-            return std::pair{std::move(x), std::move(y)};
+            if constexpr (images) {
+              auto x = locus::zeros<float, D>({b, 1, rows, cols});
+              return std::pair{std::move(x), std::move(y)};
+            } else {
+              auto x = locus::zeros<float, D>({b, features});
+              return std::pair{std::move(x), std::move(y)};
+            }
           },
           64, cap);
       ahead.clear();
@@ -272,6 +356,10 @@ int run(const config& c) {
     }
     auto lo = train_options;
     lo.batch_size = batch;
+    if (images && c.augment)
+      lo.transform = locus::data::compose(
+          locus::data::random_crop{.channels = 1, .height = rows, .width = cols, .padding = 2},
+          locus::data::horizontal_flip{.channels = 1, .height = rows, .width = cols});
     locus::data::loader<D> train_loader(train_set, lo);
     // Evaluation in batches of 1000, or of the training batch when auto chose a smaller one.
     const locus::index_t eval_batch =
@@ -294,6 +382,8 @@ int run(const config& c) {
                                                       {"lr", lr_text},
                                                       {"seed", std::to_string(c.seed)},
                                                       {"hidden", hidden_text},
+                                                      {"model", c.model},
+                                                      {"augment", c.model == "cnn" ? (c.augment ? "true" : "false") : "-"},
                                                       // the steps per epoch (and the schedule) follow the ranks
                                                       {"ranks", std::to_string(world)}};
     std::int64_t first_epoch = 0;
@@ -348,11 +438,17 @@ int run(const config& c) {
     if (world > 1)
       std::printf("data-parallel: %d ranks, batch %lld per rank (%lld in all), gradients averaged each step\n", world,
                   static_cast<long long>(batch), static_cast<long long>(batch) * world);
-    std::printf("model: %lld-%lld-%lld-%lld MLP, %lld parameters; %s on %s, batch %lld x %d, %d epochs\n",
-                static_cast<long long>(features), static_cast<long long>(c.hidden[0]),
-                static_cast<long long>(c.hidden[1]), static_cast<long long>(classes),
-                static_cast<long long>(model.parameters().parameter_count()), std::string(P::name).c_str(),
-                std::string(D::name).c_str(), static_cast<long long>(batch), c.accumulate, c.epochs);
+    if constexpr (images)
+      std::printf("model: CNN (conv 32, conv 64, 128, %lld), %lld parameters; %s on %s, batch %lld x %d, %d epochs%s\n",
+                  static_cast<long long>(classes), static_cast<long long>(model.parameters().parameter_count()),
+                  std::string(P::name).c_str(), std::string(D::name).c_str(), static_cast<long long>(batch),
+                  c.accumulate, c.epochs, c.augment ? ", augmented (crops, flips)" : "");
+    else
+      std::printf("model: %lld-%lld-%lld-%lld MLP, %lld parameters; %s on %s, batch %lld x %d, %d epochs\n",
+                  static_cast<long long>(features), static_cast<long long>(c.hidden[0]),
+                  static_cast<long long>(c.hidden[1]), static_cast<long long>(classes),
+                  static_cast<long long>(model.parameters().parameter_count()), std::string(P::name).c_str(),
+                  std::string(D::name).c_str(), static_cast<long long>(batch), c.accumulate, c.epochs);
     locus::train::metrics ev;
     // The library's bar on a terminal (rank 0's, at the whole job's rate). Progress reads
     // the running loss back (a synchronisation): only for a terminal.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <locus/data/loader.hpp>
+#include <locus/data/transforms.hpp>
 #include <locus/train.hpp>
 
 namespace {
@@ -533,4 +535,102 @@ TEST_CASE("CNN checkpoints: resume equals no stop bit for bit (batch norm's runn
   }
   CHECK(all_state(d) == before);
   std::filesystem::remove_all(file.parent_path());
+}
+
+
+TEST_CASE("augmentation: random_crop, horizontal_flip and normalize are counter-based and compose") {
+  namespace data = locus::data;
+  const data::random_crop crop{.channels = 2, .height = 5, .width = 4, .padding = 1};
+  std::vector<float> base(2 * 5 * 4);
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i + 1);
+  // a shift by (dy, dx) against the definition, with the fill outside
+  for (index_t dy = -1; dy <= 1; ++dy)
+    for (index_t dx = -1; dx <= 1; ++dx) {
+      auto x = base;
+      crop.apply_shift(x, dy, dx);
+      for (index_t c = 0; c < 2; ++c)
+        for (index_t y = 0; y < 5; ++y)
+          for (index_t xx = 0; xx < 4; ++xx) {
+            const index_t sy = y + dy, sx = xx + dx;
+            const float want = sy >= 0 && sy < 5 && sx >= 0 && sx < 4 ? base[static_cast<std::size_t>((c * 5 + sy) * 4 + sx)] : 0.0f;
+            CHECK(x[static_cast<std::size_t>((c * 5 + y) * 4 + xx)] == want);
+          }
+    }
+  // the same key gives the same crop; over many samples every offset occurs
+  std::set<std::vector<float>> seen;
+  for (index_t i = 0; i < 200; ++i) {
+    auto a = base, b = base;
+    crop(a, {7, 3, i});
+    crop(b, {7, 3, i});
+    CHECK(a == b);
+    seen.insert(a);
+  }
+  CHECK(seen.size() == 9);
+  // flips: the same key, the same decision; about half flipped; a flip mirrors each row
+  const data::horizontal_flip flip{.channels = 2, .height = 5, .width = 4};
+  int flipped = 0;
+  for (index_t i = 0; i < 1000; ++i) {
+    auto a = base;
+    flip(a, {1, 0, i});
+    if (a != base) {
+      ++flipped;
+      CHECK(a[0] == base[3]);
+      CHECK(a[3] == base[0]);
+      CHECK(a[5] == base[6]);
+    }
+  }
+  CHECK(flipped > 430);
+  CHECK(flipped < 570);
+  // another epoch draws other numbers
+  int differ = 0;
+  for (index_t i = 0; i < 100; ++i) {
+    auto a = base, b = base;
+    crop(a, {7, 0, i});
+    crop(b, {7, 1, i});
+    differ += a != b;
+  }
+  CHECK(differ > 50);
+  // normalize and a composition; sizes that do not match are a shape_error
+  const data::normalize norm{.mean = {1.0f, 2.0f}, .std = {2.0f, 4.0f}};
+  auto n = base;
+  norm(n, {});
+  CHECK(n[0] == doctest::Approx(0.0));
+  CHECK(n[20] == doctest::Approx((21.0 - 2.0) / 4.0));
+  const auto all = data::compose(crop, flip, norm);
+  auto c1 = base, c2 = base;
+  all(c1, {5, 2, 9});
+  crop(c2, {5, 2, 9});
+  flip(c2, {5, 2, 9});
+  norm(c2, {5, 2, 9});
+  CHECK(c1 == c2);
+  std::vector<float> small(10);
+  CHECK_THROWS_AS(crop(small, {}), locus::shape_error);
+  CHECK_THROWS_AS(flip(small, {}), locus::shape_error);
+  CHECK_THROWS_AS(data::normalize({.mean = {0.f, 0.f, 0.f}, .std = {1.f, 1.f, 1.f}})(small, {}), locus::shape_error);
+}
+
+TEST_CASE("augmentation in the loader: the same batches whatever the prefetch depth; evaluation loaders untouched") {
+  const blobs data;
+  const auto aug = locus::data::compose(locus::data::random_crop{.channels = 1, .height = 8, .width = 8, .padding = 2},
+                                        locus::data::horizontal_flip{.channels = 1, .height = 8, .width = 8});
+  const auto collect = [&](int prefetch, std::uint64_t epoch, bool with) {
+    locus::data::loader<D, blobs> l(data, {.batch_size = 10, .shuffle = true, .seed = 4, .prefetch = prefetch,
+                                           .transform = with ? aug : locus::data::sample_transform{}});
+    l.set_epoch(epoch);
+    std::vector<float> out;
+    for (auto& b : l) out.insert(out.end(), b.x.data_handle(), b.x.data_handle() + b.x.numel());
+    return out;
+  };
+  const auto a = collect(1, 2, true), b = collect(4, 2, true), c = collect(2, 3, true), plain = collect(2, 2, false);
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(a != plain);
+  // what the loader did equals the transform applied to the plain sample
+  locus::data::loader<D, blobs> l(data, {.batch_size = 96, .shuffle = true, .seed = 4});
+  l.set_epoch(2);
+  const auto order = l.indices();
+  std::vector<float> s(64);
+  (void)data.load(order[5], s);
+  aug(s, {4, 2, order[5]});
+  for (index_t j = 0; j < 64; ++j) CHECK(a[static_cast<std::size_t>(5 * 64 + j)] == s[static_cast<std::size_t>(j)]);
 }

@@ -12,9 +12,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iomanip>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,15 +63,27 @@ std::vector<index_t> as_vector(const extents<R>& e) {
   return v;
 }
 
-/// Compares n values at `got` (shape got_shape) with the file's tensor `key`: the same
+/// Whether the file holds `key` with the shape `shape`; a failed check saying what is
+/// wrong otherwise. (Checks, not REQUIREs: a broken case must not hide the others.)
+bool has(const archive& a, const std::string& key, const std::vector<index_t>& shape) {
+  if (!a.contains(key)) {
+    FAIL_CHECK("the PyTorch file has no tensor " << key);
+    return false;
+  }
+  const auto& want = a.info(key).shape;
+  if (want != shape) {
+    FAIL_CHECK(key << ": PyTorch's shape " << shape_string(want) << ", locus's " << shape_string(shape));
+    return false;
+  }
+  return true;
+}
+
+/// Compares the values at `got` (shape got_shape) with the file's tensor `key`: the same
 /// shape, and every element within the tolerance. One CHECK per comparison, naming the
 /// case, the quantity, how many elements differ and the worst one.
 void compare(const archive& a, const std::string& key, const double* got, const std::vector<index_t>& got_shape,
-             const char* note = "") {
-  REQUIRE_MESSAGE(a.contains(key), "the PyTorch file has no tensor " << key);
-  const auto& want_shape = a.info(key).shape;
-  REQUIRE_MESSAGE(want_shape == got_shape, key << ": locus's shape " << shape_string(got_shape) << ", PyTorch's "
-                                               << shape_string(want_shape));
+             const std::string& note = "") {
+  if (!has(a, key, got_shape)) return;
   const auto want = a.template flat<double>(key);
   index_t bad = 0, worst_i = -1;
   double worst = 0.0;  // the largest |difference| / (kTol * (1 + |PyTorch|))
@@ -93,8 +107,9 @@ void compare(const archive& a, const std::string& key, const double* got, const 
 /// Builds `layer` alone in a sequential model, copies the case's weights into its master
 /// parameters, runs forward (training), backward with the case's gy, and compares y, gx,
 /// the parameter gradients and (batch norm) the running statistics and the eval output.
+/// An exception (a locus error, a tensor of another dtype in the file) is a failed check.
 template <class Layer>
-void check_case(const archive& a, const std::string& name, Layer layer, const std::string& path) {
+void check_case_body(const archive& a, const std::string& name, Layer layer, const std::string& path) {
   const std::string label = name + " (" + layer.describe() + ", " + path + ")";
   INFO(label);
   nn::sequential m(std::move(layer));
@@ -105,9 +120,7 @@ void check_case(const archive& a, const std::string& name, Layer layer, const st
   for (const auto& e : m.parameters().entries()) {
     const std::string suffix = e.name.substr(e.name.find('.') + 1);  // "0.weight" -> "weight"
     const std::string key = name + "." + suffix;
-    REQUIRE_MESSAGE(a.contains(key), "the PyTorch file has no " << key << " for locus's parameter " << e.name);
-    REQUIRE_MESSAGE(a.info(key).shape == e.shape,
-                    key << ": PyTorch's shape " << shape_string(a.info(key).shape) << ", locus's " << e.shape_string());
+    if (!has(a, key, e.shape)) return;
     const auto src = a.template flat<double>(key);
     for (index_t i = 0; i < e.numel; ++i) master.data_handle()[e.offset + i] = src(i);
   }
@@ -119,8 +132,12 @@ void check_case(const archive& a, const std::string& name, Layer layer, const st
                                                 : ": in the PyTorch file, but the locus layer has no such parameter"));
   }
 
-  REQUIRE_MESSAGE(a.contains(name + ".x"), "the PyTorch file has no case " << name);
+  if (!a.contains(name + ".x")) {
+    FAIL_CHECK("the PyTorch file has no case " << name << " (no " << name << ".x)");
+    return;
+  }
   const auto x = a.template get<double, 4>(name + ".x");
+  if (!has(a, name + ".gy", m.output_shape(as_vector(x.shape())))) return;
   const auto gy = a.template get<double, 4>(name + ".gy");
 
   // forward, training mode
@@ -147,6 +164,15 @@ void check_case(const archive& a, const std::string& name, Layer layer, const st
   } else {
     const auto yi = m.infer(x);  // no state: inference equals the training forward
     compare(a, name + ".y", yi.data_handle(), as_vector(yi.shape()), " (infer)");
+  }
+}
+
+template <class Layer>
+void check_case(const archive& a, const std::string& name, Layer layer, const std::string& path) {
+  try {
+    check_case_body(a, name, std::move(layer), path);
+  } catch (const std::exception& e) {
+    FAIL_CHECK(name << " (" << path << ") threw: " << e.what());
   }
 }
 

@@ -68,6 +68,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <numeric>
@@ -105,6 +106,19 @@ concept SampleSource = requires(const S& s, index_t i, std::span<float> x) {
   { s.load(i, x) } -> std::convertible_to<std::int64_t>;
 };
 
+/// What a per-sample transform draws its randomness from: the loader's seed, the epoch
+/// and the sample's index in the dataset (counter-based: a (seed, epoch, index) gives
+/// the same sample on every device, thread count and prefetch depth).
+struct sample_key {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  index_t index = 0;
+};
+
+/// A per-sample transform: rewrites the sample's features() floats in place (data
+/// augmentation: data/transforms.hpp). Called on the loader's background thread.
+using sample_transform = std::function<void(std::span<float> sample, const sample_key& key)>;
+
 struct loader_options {
   index_t batch_size = 64;
   bool shuffle = false;      ///< false: dataset order (still sharded)
@@ -113,6 +127,9 @@ struct loader_options {
   int rank = 0;              ///< this process's shard, in [0, world_size)
   int world_size = 1;        ///< number of shards
   int prefetch = 2;          ///< batches prepared ahead by the background thread (>= 1)
+  /// Applied to every sample after load (empty: none), e.g. data::compose(
+  /// data::random_crop{...}, data::horizontal_flip{...}); evaluation loaders take none.
+  sample_transform transform{};
 };
 
 /// One batch: x float [B, features], y i64 [B], both on D.
@@ -245,6 +262,7 @@ class loader {
   iterator begin() {
     stop();
     order_ = indices();
+    pass_epoch_ = epoch_;
     batches_ = size();
     delivered_ = 0;
     stop_ = false;
@@ -478,9 +496,12 @@ class loader {
     batch<H> b{tensor<float, H, 2>(extents<2>{count, f}), tensor<std::int64_t, H, 1>(extents<1>{count})};
     float* x = b.x.data_handle();
     std::int64_t* y = b.y.data_handle();
-    for (index_t k = 0; k < count; ++k)
-      y[k] = static_cast<std::int64_t>(source_->load(order_[static_cast<std::size_t>(first + k)],
-                                                     std::span<float>(x + k * f, static_cast<std::size_t>(f))));
+    for (index_t k = 0; k < count; ++k) {
+      const index_t i = order_[static_cast<std::size_t>(first + k)];
+      const std::span<float> sample(x + k * f, static_cast<std::size_t>(f));
+      y[k] = static_cast<std::int64_t>(source_->load(i, sample));
+      if (options_.transform) options_.transform(sample, sample_key{options_.seed, pass_epoch_, i});
+    }
     return b;
   }
 
@@ -489,6 +510,7 @@ class loader {
   std::uint64_t epoch_ = 0;
 
   // the epoch in progress
+  std::uint64_t pass_epoch_ = 0;
   std::vector<index_t> order_;
   index_t batches_ = 0, delivered_ = 0;
   bool active_ = false;

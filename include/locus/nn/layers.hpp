@@ -686,6 +686,13 @@ class sequential {
     return last_shape_;
   }
 
+  /// Each layer's output shape for an input of this shape, in order.
+  [[nodiscard]] std::vector<std::vector<index_t>> layer_shapes(std::vector<index_t> shape) const {
+    std::vector<std::vector<index_t>> out;
+    walk_shapes(std::move(shape), [&](std::size_t, const auto&, const std::vector<index_t>& s) { out.push_back(s); });
+    return out;
+  }
+
   /// A table of the layers for an input of [batch, features]: each layer as written, its
   /// output shape and parameter count, then the total and the bytes of master weights.
   /// An input width that the first layer does not take is a shape_error naming the layer.
