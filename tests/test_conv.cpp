@@ -250,6 +250,9 @@ TEST_CASE("conv2d: the host path and the device-generic path agree in f32 and bf
 
 TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propagates NaN") {
   SUBCASE("max_pool2d") {
+   for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    CAPTURE(generic);
     nn::sequential m(nn::max_pool2d<D, P64>(2));
     auto x = filled<double, 4>({2, 3, 6, 7}, 0.2);
     gradient_check(m, x);
@@ -257,8 +260,12 @@ TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propa
     auto x2 = filled<double, 4>({2, 2, 7, 6}, 0.4);
     gradient_check(o, x2);
     CHECK(o.output_shape({2, 2, 7, 6}) == std::vector<index_t>{2, 2, 4, 3});
+   }
   }
   SUBCASE("avg_pool2d") {
+   for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    CAPTURE(generic);
     nn::sequential m(nn::avg_pool2d<D, P64>(2));
     auto x = filled<double, 4>({2, 3, 6, 7}, 0.2);
     gradient_check(m, x);
@@ -274,8 +281,12 @@ TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propa
     const auto without = q.infer(std::as_const(ones).view());
     CHECK(with(0, 0, 0, 0) == doctest::Approx(4.0 / 9.0));
     CHECK(without(0, 0, 0, 0) == doctest::Approx(1.0));
+   }
   }
   SUBCASE("adaptive_avg_pool2d") {
+   for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    CAPTURE(generic);
     nn::sequential m(nn::adaptive_avg_pool2d<D, P64>(3, 2));  // windows that overlap: 7 -> 3
     auto x = filled<double, 4>({2, 2, 7, 5}, 0.6);
     gradient_check(m, x);
@@ -284,6 +295,7 @@ TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propa
     double s = 0.0;
     for (index_t i = 0; i < 35; ++i) s += x.data_handle()[i];
     CHECK(y(0, 0, 0, 0) == doctest::Approx(s / 35.0).epsilon(1e-14));
+   }
   }
   SUBCASE("NaN") {
     nn::sequential m(nn::max_pool2d<D, P32>(2));
@@ -633,4 +645,69 @@ TEST_CASE("augmentation in the loader: the same batches whatever the prefetch de
   (void)data.load(order[5], s);
   aug(s, {4, 2, order[5]});
   for (index_t j = 0; j < 64; ++j) CHECK(a[static_cast<std::size_t>(5 * 64 + j)] == s[static_cast<std::size_t>(j)]);
+}
+
+TEST_CASE("pooling: the host loops equal the per-index kernels bit for bit (f32, bf16; overlapping, padded)") {
+  const auto both = [](auto make, auto x) {
+    using X = decltype(x);
+    std::vector<double> out[2];
+    for (const bool generic : {false, true}) {
+      generic_path gp(generic);
+      nn::sequential m(make());
+      const auto y = m.forward(std::as_const(x).view());
+      X gy(y.shape());
+      for (index_t i = 0; i < gy.numel(); ++i) gy.data_handle()[i] = static_cast<typename X::value_type>(value_at(i, 0.7));
+      const auto gx = m.backward(std::as_const(gy).view(), true);
+      const auto yi = m.infer(std::as_const(x).view());
+      for (index_t i = 0; i < y.numel(); ++i) out[generic].push_back(static_cast<double>(y.data_handle()[i]));
+      for (index_t i = 0; i < gx.numel(); ++i) out[generic].push_back(static_cast<double>(gx.data_handle()[i]));
+      for (index_t i = 0; i < yi.numel(); ++i) out[generic].push_back(static_cast<double>(yi.data_handle()[i]));
+    }
+    CHECK(out[0] == out[1]);
+  };
+  using PB = locus::amp::bf16_mixed;
+  both([] { return nn::max_pool2d<D, P32>(2); }, filled<float, 4>({3, 2, 8, 7}, 0.1));
+  both([] { return nn::max_pool2d<D, P32>(3, {.stride = 2, .padding = 1}); }, filled<float, 4>({2, 3, 9, 8}, 0.2));
+  both([] { return nn::max_pool2d<D, PB>(3, {.stride = 1, .padding = 1}); }, filled<locus::bf16, 4>({2, 3, 6, 5}, 0.3));
+  both([] { return nn::avg_pool2d<D, P32>(2); }, filled<float, 4>({3, 2, 8, 7}, 0.4));
+  both([] { return nn::avg_pool2d<D, P32>(3, {.stride = 2, .padding = 1}); }, filled<float, 4>({2, 3, 9, 8}, 0.5));
+  both([] { return nn::avg_pool2d<D, PB>(3, {.stride = 1, .padding = 1, .count_include_pad = false}); },
+       filled<locus::bf16, 4>({2, 3, 6, 5}, 0.6));
+}
+
+TEST_CASE("batch_norm2d followed by relu runs fused: the same bits as unfused, gradients equal finite differences") {
+  const auto make = [] {
+    nn::sequential m(nn::conv2d<D, P32>(2, 3, 3, {.padding = 1}), nn::batch_norm2d<D, P32>(3), nn::relu<D, P32>(),
+                     nn::flatten<D, P32>(), nn::linear<D, P32>(3 * 5 * 5, 2));
+    m.reset_parameters(21);
+    return m;
+  };
+  auto fused = make();
+  auto plain = make();
+  int calls = 0;
+  plain.get<2>().add_forward_hook([&](const auto&, const auto&) { ++calls; });  // a hook turns fusion off
+  auto x = filled<float, 4>({4, 2, 5, 5}, 0.3);
+  auto gy = filled<float, 2>({4, 2}, 0.8);
+  const auto run = [&](auto& m) {
+    std::vector<float> out;
+    const auto y = m.forward(std::as_const(x).view());
+    out.insert(out.end(), y.data_handle(), y.data_handle() + y.numel());
+    m.parameters().zero_grad();
+    const auto gx = m.backward(std::as_const(gy).view(), true);
+    out.insert(out.end(), gx.data_handle(), gx.data_handle() + gx.numel());
+    const auto g = m.parameters().grad();
+    out.insert(out.end(), g.data_handle(), g.data_handle() + g.numel());
+    const auto yi = m.infer(std::as_const(x).view());
+    out.insert(out.end(), yi.data_handle(), yi.data_handle() + yi.numel());
+    return out;
+  };
+  const auto a = run(fused), b = run(plain);
+  CHECK(calls == 2);  // forward and infer ran the unfused relu
+  CHECK(fused.get<2>().fused());
+  CHECK(!plain.get<2>().fused());
+  CHECK(a == b);
+  nn::sequential m64(nn::batch_norm2d<D, P64>(3), nn::relu<D, P64>(), nn::flatten<D, P64>(), nn::linear<D, P64>(3 * 4 * 4, 2));
+  m64.reset_parameters(2);
+  auto x64 = filled<double, 4>({3, 3, 4, 4}, 0.4);
+  gradient_check(m64, x64, 1e-6);
 }

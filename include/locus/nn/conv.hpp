@@ -49,11 +49,20 @@
 namespace locus::nn {
 
 namespace detail {
-/// Tests: run conv2d's device-generic path (per-sample matmul_into around the im2col and
-/// col2im kernels, what cuda runs) on host devices too.
+/// Tests: run the device-generic path of conv2d (per-sample matmul_into around the
+/// im2col and col2im kernels) and of pooling (the per-index kernels), what cuda runs, on
+/// host devices too.
 inline std::atomic<bool>& conv_generic_path() noexcept {
   static std::atomic<bool> on{false};
   return on;
+}
+
+template <class D>
+bool host_path() noexcept {
+  if constexpr (std::is_same_v<typename D::execution, locus::detail::host_execution>)
+    return !conv_generic_path().load(std::memory_order_relaxed);
+  else
+    return false;
 }
 
 inline int host_threads() noexcept {
@@ -158,6 +167,134 @@ template <class G>
 locus::detail::gemm_operand<const G> op(const G* p, index_t rs, index_t cs) {
   return {p, 0, rs, cs};
 }
+/// A thread's reusable buffer of at least n values (host pooling's accumulators).
+template <class V>
+std::vector<V>& scratch_of(index_t n) {
+  thread_local std::vector<V> buf;
+  if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));
+  return buf;
+}
+
+/// Host pooling: a plane per task (OpenMP over planes), loops without divisions. The
+/// backward passes scatter each output's gradient in output order, which adds, for every
+/// input element, the same terms in the same order as the per-index gather kernels: the
+/// same bits.
+template <class F>
+void for_planes(index_t planes, index_t work_per_plane, F&& f) {
+  [[maybe_unused]] const bool parallel = planes > 1 && planes * work_per_plane >= locus::detail::host_parallel_threshold;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (index_t p = 0; p < planes; ++p) f(p);
+}
+
+template <class T>
+void max_pool_forward_host(const T* x, T* y, std::int32_t* idx, const locus::detail::pool_geometry& g, index_t planes) {
+  using V = locus::detail::compute_t<T>;
+  for_planes(planes, g.h * g.w, [&](index_t p) {
+    const T* xp = x + p * g.h * g.w;
+    T* yp = y + p * g.ho * g.wo;
+    std::int32_t* ip = idx ? idx + p * g.ho * g.wo : nullptr;
+    for (index_t oh = 0; oh < g.ho; ++oh) {
+      const index_t h0 = oh * g.stride - g.pad;
+      const index_t ky0 = h0 < 0 ? -h0 : 0, ky1 = h0 + g.k > g.h ? g.h - h0 : g.k;
+      for (index_t ow = 0; ow < g.wo; ++ow) {
+        const index_t w0 = ow * g.stride - g.pad;
+        const index_t kx0 = w0 < 0 ? -w0 : 0, kx1 = w0 + g.k > g.w ? g.w - w0 : g.k;
+        V best = -std::numeric_limits<V>::infinity();
+        index_t at = -1;
+        for (index_t ky = ky0; ky < ky1; ++ky) {
+          const T* row = xp + (h0 + ky) * g.w + w0;
+          for (index_t kx = kx0; kx < kx1; ++kx) {
+            const V v = locus::detail::load(row[kx]);
+            if (at < 0 || v > best || v != v) {
+              best = v;
+              at = (h0 + ky) * g.w + w0 + kx;
+              if (v != v) {
+                ky = ky1;
+                break;
+              }
+            }
+          }
+        }
+        yp[oh * g.wo + ow] = locus::detail::store<T>(best);
+        if (ip) ip[oh * g.wo + ow] = static_cast<std::int32_t>(at);
+      }
+    }
+  });
+}
+
+template <class T>
+void max_pool_backward_host(const T* gy, const std::int32_t* idx, T* gx, const locus::detail::pool_geometry& g,
+                            index_t planes) {
+  using V = locus::detail::compute_t<T>;
+  for_planes(planes, g.h * g.w, [&](index_t p) {
+    T* gp = gx + p * g.h * g.w;
+    if constexpr (std::is_same_v<T, V>) {
+      for (index_t i = 0; i < g.h * g.w; ++i) gp[i] = V(0);
+      const T* gyp = gy + p * g.ho * g.wo;
+      const std::int32_t* ip = idx + p * g.ho * g.wo;
+      for (index_t o = 0; o < g.ho * g.wo; ++o)
+        if (ip[o] >= 0) gp[ip[o]] += gyp[o];
+    } else {  // f16 / bf16: sums in f32, rounded once (as the gather kernel)
+      std::vector<V>& acc = scratch_of<V>(g.h * g.w);
+      for (index_t i = 0; i < g.h * g.w; ++i) acc[static_cast<std::size_t>(i)] = V(0);
+      const T* gyp = gy + p * g.ho * g.wo;
+      const std::int32_t* ip = idx + p * g.ho * g.wo;
+      for (index_t o = 0; o < g.ho * g.wo; ++o)
+        if (ip[o] >= 0) acc[static_cast<std::size_t>(ip[o])] += locus::detail::load(gyp[o]);
+      for (index_t i = 0; i < g.h * g.w; ++i) gp[i] = locus::detail::store<T>(acc[static_cast<std::size_t>(i)]);
+    }
+  });
+}
+
+template <class T>
+void avg_pool_forward_host(const T* x, T* y, const locus::detail::pool_geometry& g, bool include_pad, index_t planes) {
+  using V = locus::detail::compute_t<T>;
+  for_planes(planes, g.h * g.w, [&](index_t p) {
+    const T* xp = x + p * g.h * g.w;
+    T* yp = y + p * g.ho * g.wo;
+    for (index_t oh = 0; oh < g.ho; ++oh) {
+      const index_t h0 = oh * g.stride - g.pad;
+      const index_t ky0 = h0 < 0 ? -h0 : 0, ky1 = h0 + g.k > g.h ? g.h - h0 : g.k;
+      for (index_t ow = 0; ow < g.wo; ++ow) {
+        const index_t w0 = ow * g.stride - g.pad;
+        const index_t kx0 = w0 < 0 ? -w0 : 0, kx1 = w0 + g.k > g.w ? g.w - w0 : g.k;
+        V sum = V(0);
+        for (index_t ky = ky0; ky < ky1; ++ky)
+          for (index_t kx = kx0; kx < kx1; ++kx) sum += locus::detail::load(xp[(h0 + ky) * g.w + w0 + kx]);
+        yp[oh * g.wo + ow] =
+            locus::detail::store<T>(sum / static_cast<V>(locus::detail::avg_pool_divisor(g, oh, ow, include_pad)));
+      }
+    }
+  });
+}
+
+template <class T>
+void avg_pool_backward_host(const T* gy, T* gx, const locus::detail::pool_geometry& g, bool include_pad,
+                            index_t planes) {
+  using V = locus::detail::compute_t<T>;
+  for_planes(planes, g.h * g.w, [&](index_t p) {
+    T* gp = gx + p * g.h * g.w;
+    std::vector<V>& acc = scratch_of<V>(g.h * g.w);
+    for (index_t i = 0; i < g.h * g.w; ++i) acc[static_cast<std::size_t>(i)] = V(0);
+    const T* gyp = gy + p * g.ho * g.wo;
+    for (index_t oh = 0; oh < g.ho; ++oh) {
+      const index_t h0 = oh * g.stride - g.pad;
+      const index_t ky0 = h0 < 0 ? -h0 : 0, ky1 = h0 + g.k > g.h ? g.h - h0 : g.k;
+      for (index_t ow = 0; ow < g.wo; ++ow) {
+        const index_t w0 = ow * g.stride - g.pad;
+        const index_t kx0 = w0 < 0 ? -w0 : 0, kx1 = w0 + g.k > g.w ? g.w - w0 : g.k;
+        const V v = locus::detail::load(gyp[oh * g.wo + ow]) /
+                    static_cast<V>(locus::detail::avg_pool_divisor(g, oh, ow, include_pad));
+        for (index_t ky = ky0; ky < ky1; ++ky)
+          for (index_t kx = kx0; kx < kx1; ++kx) acc[static_cast<std::size_t>((h0 + ky) * g.w + w0 + kx)] += v;
+      }
+    }
+    for (index_t i = 0; i < g.h * g.w; ++i) gp[i] = locus::detail::store<T>(acc[static_cast<std::size_t>(i)]);
+  });
+}
+
 }  // namespace detail
 
 /// conv2d's options (PyTorch's nn.Conv2d arguments; square kernels and windows).
@@ -317,10 +454,7 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   using G = std::conditional_t<std::is_same_v<C, double>, double, float>;
   static constexpr bool host_device = std::is_same_v<typename D::execution, locus::detail::host_execution>;
 
-  static bool use_host_path() noexcept {
-    if constexpr (host_device) return !detail::conv_generic_path().load(std::memory_order_relaxed);
-    else return false;
-  }
+  static bool use_host_path() noexcept { return detail::host_path<D>(); }
 
   void fill_uniform(tensor_view<M, D, 1> v, std::uint64_t seed, std::uint64_t stream, double bound) {
     locus::detail::launch_n<D>(v.numel(), locus::detail::uniform_init_kernel<M>{v.data_handle(), seed, stream,
@@ -615,8 +749,11 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
     const index_t n = x.shape()[0] * x.shape()[1] * g.ho * g.wo;
     detail::ensure_numel(y_, n);
     detail::ensure_numel(idx_, n);
-    locus::detail::launch_n<D>(n, locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(),
-                                                                            idx_.data_handle(), g});
+    if (detail::host_path<D>())
+      detail::max_pool_forward_host(x.data_handle(), y_.data_handle(), idx_.data_handle(), g, xs_[0] * xs_[1]);
+    else
+      locus::detail::launch_n<D>(n, locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(),
+                                                                              idx_.data_handle(), g});
     const view y = detail::shaped(y_, extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
     this->run_post(x, y);
     return y;
@@ -627,8 +764,11 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
       throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()));
     const index_t n = xs_[0] * xs_[1] * xs_[2] * xs_[3];
     detail::ensure_numel(gx_, n);
-    locus::detail::launch_n<D>(n, locus::detail::max_pool_backward_kernel<C>{gy.data_handle(), idx_.data_handle(),
-                                                                             gx_.data_handle(), g});
+    if (detail::host_path<D>())
+      detail::max_pool_backward_host(gy.data_handle(), idx_.data_handle(), gx_.data_handle(), g, xs_[0] * xs_[1]);
+    else
+      locus::detail::launch_n<D>(n, locus::detail::max_pool_backward_kernel<C>{gy.data_handle(), idx_.data_handle(),
+                                                                               gx_.data_handle(), g});
     return detail::shaped(gx_, xs_);
   }
   tensor<C, D, 4> infer(const view& x) const {
@@ -636,8 +776,12 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
     const auto g = geometry(x.shape());
     if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
     tensor<C, D, 4> y(extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
-    locus::detail::launch_n<D>(y.numel(),
-                               locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y.data_handle(), nullptr, g});
+    if (detail::host_path<D>())
+      detail::max_pool_forward_host(x.data_handle(), y.data_handle(), static_cast<std::int32_t*>(nullptr), g,
+                                    x.shape()[0] * x.shape()[1]);
+    else
+      locus::detail::launch_n<D>(y.numel(),
+                                 locus::detail::max_pool_forward_kernel<C>{x.data_handle(), y.data_handle(), nullptr, g});
     this->run_post(x, std::as_const(y).view());
     return y;
   }
@@ -707,8 +851,11 @@ class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
     xs_ = x.shape();
     const index_t n = x.shape()[0] * x.shape()[1] * g.ho * g.wo;
     detail::ensure_numel(y_, n);
-    locus::detail::launch_n<D>(n, locus::detail::avg_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(), g,
-                                                                            include_pad_});
+    if (detail::host_path<D>())
+      detail::avg_pool_forward_host(x.data_handle(), y_.data_handle(), g, include_pad_, xs_[0] * xs_[1]);
+    else
+      locus::detail::launch_n<D>(n, locus::detail::avg_pool_forward_kernel<C>{x.data_handle(), y_.data_handle(), g,
+                                                                              include_pad_});
     const view y = detail::shaped(y_, extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
     this->run_post(x, y);
     return y;
@@ -719,8 +866,11 @@ class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
       throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()));
     const index_t n = xs_[0] * xs_[1] * xs_[2] * xs_[3];
     detail::ensure_numel(gx_, n);
-    locus::detail::launch_n<D>(n, locus::detail::avg_pool_backward_kernel<C>{gy.data_handle(), gx_.data_handle(), g,
-                                                                             include_pad_});
+    if (detail::host_path<D>())
+      detail::avg_pool_backward_host(gy.data_handle(), gx_.data_handle(), g, include_pad_, xs_[0] * xs_[1]);
+    else
+      locus::detail::launch_n<D>(n, locus::detail::avg_pool_backward_kernel<C>{gy.data_handle(), gx_.data_handle(), g,
+                                                                               include_pad_});
     return detail::shaped(gx_, xs_);
   }
   tensor<C, D, 4> infer(const view& x) const {
@@ -728,8 +878,11 @@ class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
     const auto g = geometry(x.shape());
     if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
     tensor<C, D, 4> y(extents<4>{x.shape()[0], x.shape()[1], g.ho, g.wo});
-    locus::detail::launch_n<D>(y.numel(), locus::detail::avg_pool_forward_kernel<C>{x.data_handle(), y.data_handle(),
-                                                                                    g, include_pad_});
+    if (detail::host_path<D>())
+      detail::avg_pool_forward_host(x.data_handle(), y.data_handle(), g, include_pad_, x.shape()[0] * x.shape()[1]);
+    else
+      locus::detail::launch_n<D>(y.numel(), locus::detail::avg_pool_forward_kernel<C>{
+                                                x.data_handle(), y.data_handle(), g, include_pad_});
     this->run_post(x, std::as_const(y).view());
     return y;
   }
@@ -875,6 +1028,8 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   static constexpr bool is_activation = false;
   static constexpr std::size_t input_rank = 4, output_rank = 4;
   static constexpr const char* layer_name = "batch_norm2d";
+  /// sequential runs a relu that follows inside this layer's passes (has_hooks() off).
+  static constexpr bool fuses_relu = true;
 
   explicit batch_norm2d(index_t num_features, batch_norm_options o = {}) : c_(num_features), o_(o) {
     if (c_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive channel count");
@@ -938,7 +1093,8 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   [[nodiscard]] tensor_view<const M, D, 1> running_mean() const noexcept { return running_mean_.view(); }
   [[nodiscard]] tensor_view<const M, D, 1> running_var() const noexcept { return running_var_.view(); }
 
-  view forward(const view& x) {
+  /// act: relu when sequential fused the relu after this layer (none otherwise).
+  view forward(const view& x, detail::act_kind act = detail::act_kind::none) {
     this->run_pre(x);
     const extents<4> s = x.shape();
     detail::check_channels(describe(), c_, s);
@@ -947,13 +1103,14 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
       throw shape_error("locus: " + describe() + " in training needs more than one value per channel, but the input " +
                         detail::dims4(s) + " has " + std::to_string(s[0] * s[2] * s[3]));
     x_ = x;
+    relu_ = act == detail::act_kind::relu;
     detail::ensure_numel(y_, x.numel());
     const index_t hw = s[2] * s[3];
     locus::detail::launch_n<D>(c_,
                                locus::detail::batch_norm_train_kernel<C, M>{
                                    x.data_handle(), y_.data_handle(), gamma(), beta(), mean_.data_handle(),
                                    invstd_.data_handle(), running_mean_.data_handle(), running_var_.data_handle(),
-                                   s[0], c_, hw, o_.eps, o_.momentum},
+                                   s[0], c_, hw, o_.eps, o_.momentum, relu_},
                                s[0] * hw);
     locus::detail::launch_n<D>(1, locus::detail::increment_kernel{tracked_.data_handle()});
     const view y = detail::shaped(y_, s);
@@ -981,13 +1138,13 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
                                locus::detail::batch_norm_backward_kernel<C, M>{
                                    x_.data_handle(), gy.data_handle(), need_input_grad ? gx_.data_handle() : nullptr,
                                    gamma(), mean_.data_handle(), invstd_.data_handle(), dg, db, dg_fresh, db_fresh,
-                                   s[0], c_, s[2] * s[3]},
+                                   s[0], c_, s[2] * s[3], relu_ ? y_.data_handle() : nullptr},
                                s[0] * s[2] * s[3]);
     if (!need_input_grad) return {};
     return detail::shaped(gx_, s);
   }
 
-  tensor<C, D, 4> infer(const view& x) const {
+  tensor<C, D, 4> infer(const view& x, detail::act_kind act = detail::act_kind::none) const {
     this->run_pre(x);
     const extents<4> s = x.shape();
     detail::check_channels(describe(), c_, s);
@@ -996,7 +1153,7 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
     locus::detail::launch_n<D>(y.numel(), locus::detail::batch_norm_infer_kernel<C, M>{
                                               x.data_handle(), y.data_handle(), gamma(), beta(),
                                               running_mean_.data_handle(), running_var_.data_handle(), c_,
-                                              s[2] * s[3], o_.eps});
+                                              s[2] * s[3], o_.eps, act == detail::act_kind::relu});
     this->run_post(x, std::as_const(y).view());
     return y;
   }
@@ -1018,6 +1175,7 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   tensor<C, D, 1> y_, gx_;
   tensor<M, D, 1> running_mean_, running_var_, mean_, invstd_;
   tensor<std::int64_t, D, 0> tracked_;
+  bool relu_ = false;
 };
 
 }  // namespace locus::nn

@@ -315,9 +315,12 @@ struct adaptive_avg_backward_kernel {
 // ---- batch normalisation ----------------------------------------------------------------
 
 /// Training-mode batch norm of one channel per call over [n, c, hw]: the batch's mean
-/// and biased variance (two passes, in f64), y = (x - mean) / sqrt(var + eps) * gamma +
-/// beta, the saved mean and 1 / sqrt(var + eps) for backward, and the running
-/// statistics' update (PyTorch's: the unbiased variance, weight `momentum`).
+/// and biased variance, y = (x - mean) / sqrt(var + eps) * gamma + beta (then max(y, 0)
+/// with relu: sequential fuses a relu that follows), the saved mean and 1 / sqrt(var +
+/// eps) for backward, and the running statistics' update (PyTorch's: the unbiased
+/// variance, weight `momentum`). The statistics take one pass: each row's sums of
+/// d = x - K and d * d in the compute dtype (K, the channel's first value, keeps d small
+/// whatever the mean), the rows' sums in f64.
 template <class T, class M>
 struct batch_norm_train_kernel {
   const T* x;
@@ -330,37 +333,46 @@ struct batch_norm_train_kernel {
   M* running_var;
   index_t n, c, hw;
   double eps, momentum;
+  bool relu = false;
   LOCUS_HOST_DEVICE void operator()(index_t ch) const {
+    using V = compute_t<T>;
     const double count = static_cast<double>(n * hw);
-    double s = 0.0;
+    const V k = load(x[ch * hw]);
+    double s1 = 0.0, s2 = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j) s += static_cast<double>(load(p[j]));
-    }
-    const double mean = s / count;
-    double q = 0.0;
-    for (index_t b = 0; b < n; ++b) {
-      const T* p = x + (b * c + ch) * hw;
+      V r1 = V(0), r2 = V(0);
       for (index_t j = 0; j < hw; ++j) {
-        const double d = static_cast<double>(load(p[j])) - mean;
-        q += d * d;
+        const V d = load(p[j]) - k;
+        r1 += d;
+        r2 += d * d;
       }
+      s1 += static_cast<double>(r1);
+      s2 += static_cast<double>(r2);
     }
-    const double var = q / count;
+    const double md = s1 / count;
+    const double mean = static_cast<double>(k) + md;
+    double var = s2 / count - md * md;
+    var = var > 0.0 ? var : 0.0;
     const double invstd = 1.0 / ::sqrt(var + eps);
     const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
-    const double scale = invstd * gm, shift = bt - mean * invstd * gm;
-    using V = compute_t<T>;
+    const V scale = static_cast<V>(invstd * gm), shift = static_cast<V>(bt - mean * invstd * gm);
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
       T* o = y + (b * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j)
-        o[j] = store<T>(static_cast<V>(static_cast<double>(load(p[j])) * scale + shift));
+      if (relu) {
+        for (index_t j = 0; j < hw; ++j) {
+          const V v = load(p[j]) * scale + shift;
+          o[j] = store<T>(v > V(0) ? v : V(0));
+        }
+      } else {
+        for (index_t j = 0; j < hw; ++j) o[j] = store<T>(load(p[j]) * scale + shift);
+      }
     }
     mean_out[ch] = static_cast<M>(mean);
     invstd_out[ch] = static_cast<M>(invstd);
     if (running_mean) {
-      const double unbiased = count > 1.0 ? q / (count - 1.0) : var;
+      const double unbiased = count > 1.0 ? var * count / (count - 1.0) : var;
       running_mean[ch] = static_cast<M>((1.0 - momentum) * static_cast<double>(running_mean[ch]) + momentum * mean);
       running_var[ch] = static_cast<M>((1.0 - momentum) * static_cast<double>(running_var[ch]) + momentum * unbiased);
     }
@@ -378,18 +390,21 @@ struct batch_norm_infer_kernel {
   const M* var;
   index_t c, hw;
   double eps;
+  bool relu = false;
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     const index_t ch = (i / hw) % c;
     const double invstd = 1.0 / ::sqrt(static_cast<double>(var[ch]) + eps);
     const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
-    y[i] = store<T>(static_cast<compute_t<T>>((static_cast<double>(load(x[i])) - static_cast<double>(mean[ch])) *
-                                                  invstd * gm + bt));
+    double v = (static_cast<double>(load(x[i])) - static_cast<double>(mean[ch])) * invstd * gm + bt;
+    if (relu && !(v > 0.0)) v = 0.0;
+    y[i] = store<T>(static_cast<compute_t<T>>(v));
   }
 };
 
 /// Training-mode batch norm's backward, one channel per call: with xhat = (x - mean) *
 /// invstd, dgamma = sum(dy * xhat), dbeta = sum(dy), and dx = gamma * invstd * (dy -
-/// mean(dy) - xhat * mean(dy * xhat)).
+/// mean(dy) - xhat * mean(dy * xhat)); with y (a fused relu's output) dy counts only
+/// where y > 0. Row sums in the compute dtype, their totals in f64.
 template <class T, class M>
 struct batch_norm_backward_kernel {
   const T* x;
@@ -402,17 +417,31 @@ struct batch_norm_backward_kernel {
   M* dbeta;
   bool dgamma_overwrite, dbeta_overwrite;
   index_t n, c, hw;
+  const T* y = nullptr;  // the fused relu's output (nullptr: no relu)
   LOCUS_HOST_DEVICE void operator()(index_t ch) const {
-    const double mu = static_cast<double>(mean[ch]), is = static_cast<double>(invstd[ch]);
+    using V = compute_t<T>;
+    const V mu = static_cast<V>(mean[ch]), is = static_cast<V>(invstd[ch]);
     double sdy = 0.0, sdyx = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
       const T* d = gy + (b * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j) {
-        const double dy = static_cast<double>(load(d[j]));
-        sdy += dy;
-        sdyx += dy * (static_cast<double>(load(p[j])) - mu) * is;
+      const T* yo = y ? y + (b * c + ch) * hw : nullptr;
+      V r1 = V(0), r2 = V(0);
+      if (yo) {
+        for (index_t j = 0; j < hw; ++j) {
+          const V dy = load(yo[j]) > V(0) ? load(d[j]) : V(0);
+          r1 += dy;
+          r2 += dy * (load(p[j]) - mu);
+        }
+      } else {
+        for (index_t j = 0; j < hw; ++j) {
+          const V dy = load(d[j]);
+          r1 += dy;
+          r2 += dy * (load(p[j]) - mu);
+        }
       }
+      sdy += static_cast<double>(r1);
+      sdyx += static_cast<double>(r2) * static_cast<double>(is);
     }
     if (dgamma) dgamma[ch] = dgamma_overwrite ? static_cast<M>(sdyx) : static_cast<M>(static_cast<double>(dgamma[ch]) + sdyx);
     if (dbeta) dbeta[ch] = dbeta_overwrite ? static_cast<M>(sdy) : static_cast<M>(static_cast<double>(dbeta[ch]) + sdy);
@@ -420,14 +449,22 @@ struct batch_norm_backward_kernel {
     const double count = static_cast<double>(n * hw);
     const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0;
     const double mdy = sdy / count, mdyx = sdyx / count;
-    using V = compute_t<T>;
+    // dx = a * dy + b * (x - mean) + c0, with a = gamma * invstd, b = -a * invstd * mean(dy * xhat)
+    const V a = static_cast<V>(gm * static_cast<double>(is));
+    const V bb = static_cast<V>(-gm * static_cast<double>(is) * static_cast<double>(is) * mdyx);
+    const V c0 = static_cast<V>(-gm * static_cast<double>(is) * mdy);
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
       const T* d = gy + (b * c + ch) * hw;
+      const T* yo = y ? y + (b * c + ch) * hw : nullptr;
       T* o = gx + (b * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j) {
-        const double xhat = (static_cast<double>(load(p[j])) - mu) * is;
-        o[j] = store<T>(static_cast<V>(gm * is * (static_cast<double>(load(d[j])) - mdy - xhat * mdyx)));
+      if (yo) {
+        for (index_t j = 0; j < hw; ++j) {
+          const V dy = load(yo[j]) > V(0) ? load(d[j]) : V(0);
+          o[j] = store<T>(a * dy + bb * (load(p[j]) - mu) + c0);
+        }
+      } else {
+        for (index_t j = 0; j < hw; ++j) o[j] = store<T>(a * load(d[j]) + bb * (load(p[j]) - mu) + c0);
       }
     }
   }

@@ -805,7 +805,10 @@ class sequential {
   template <std::size_t I>
   static constexpr bool fuses_next() {
     if constexpr (I + 1 < size) {
-      if constexpr (detail::layer_traits<layer_t<I>>::is_linear && layer_t<I + 1>::is_activation) return true;
+      using L = layer_t<I>;
+      using N = layer_t<I + 1>;
+      if constexpr (detail::layer_traits<L>::is_linear && N::is_activation) return true;
+      else if constexpr (requires { L::fuses_relu; } && N::is_activation) return N::kind == detail::act_kind::relu;
       else return false;
     } else {
       return false;
