@@ -10,8 +10,9 @@
 // conv2d: weight [out, in / groups, k, k] and bias [out], initialised as PyTorch's
 // nn.Conv2d (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * k * k); stride,
 // padding, dilation and groups as PyTorch's. The GEMM is the device's (host BLAS or
-// oneDNN, cuBLASLt on cuda) on im2col columns: on host devices one sample per OpenMP
-// thread (im2col into that thread's buffer, a single-threaded GEMM per group, the
+// oneDNN, cuBLASLt on cuda) on im2col columns: on host devices a chunk of samples per
+// OpenMP task (their columns side by side in that thread's buffer, so that one
+// single-threaded GEMM per group has about 1024 columns even for small planes; the
 // weight gradient summed per thread and then in thread order), with every buffer owned
 // by the layer and reused, so a steady-state step allocates nothing; on cuda (and on the
 // host through detail::conv_generic_path, which the tests use) a loop over samples of
@@ -98,10 +99,11 @@ inline std::vector<index_t> check_rank4(const std::string& layer, const std::vec
   return in;
 }
 
-/// Host im2col of one sample's group into col [depth, ho * wo] (row by row).
+/// Host im2col of one sample's group into col [depth, ho * wo] (row by row); row r
+/// starts at col + r * ld (ld = ho * wo, or more when samples sit side by side).
 template <class In, class G>
-void im2col_host(const In* x, G* col, const locus::detail::conv_geometry& g) {
-  const index_t hw = g.hw();
+void im2col_host(const In* x, G* col, const locus::detail::conv_geometry& g, index_t ld) {
+  const index_t hw = ld;
   for (index_t c = 0; c < g.cg(); ++c) {
     const In* xc = x + c * g.h * g.w;
     for (index_t ky = 0; ky < g.kh; ++ky) {
@@ -134,10 +136,10 @@ void im2col_host(const In* x, G* col, const locus::detail::conv_geometry& g) {
 }
 
 /// Host col2im of one sample's group: dx [cg, h, w] += the columns (dx zeroed by the
-/// caller), rows in order.
+/// caller), rows in order; row r of the columns starts at col + r * ld.
 template <class G>
-void col2im_host(const G* col, G* dx, const locus::detail::conv_geometry& g) {
-  const index_t hw = g.hw();
+void col2im_host(const G* col, G* dx, const locus::detail::conv_geometry& g, index_t ld) {
+  const index_t hw = ld;
   for (index_t c = 0; c < g.cg(); ++c) {
     G* dc = dx + c * g.h * g.w;
     for (index_t ky = 0; ky < g.kh; ++ky) {
@@ -482,44 +484,61 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     else forward_generic(g, x, y);
   }
 
-  // ---- host: a sample per thread, im2col into the thread's buffer, one GEMM per group ----
+  // ---- host: a chunk of samples per task, side by side in one GEMM per group ----
+  // The columns of `chunk` samples sit side by side (row r of sample s at r * ld + s *
+  // hw, ld = chunk * hw), so each group's GEMM has chunk * hw columns (and the weight
+  // gradient's GEMM that depth) instead of hw: small planes still make GEMMs large
+  // enough to run near the library's speed. Each thread owns its buffers; chunks are
+  // split over threads statically (the same split, and bits, for the same thread count).
+  [[nodiscard]] static index_t chunk_of(const locus::detail::conv_geometry& g) noexcept {
+    const index_t want = (1024 + g.hw() - 1) / g.hw();
+    return want < 1 ? 1 : want > g.n ? (g.n < 1 ? 1 : g.n) : want;
+  }
+  template <class F>
+  static void over_chunks(const locus::detail::conv_geometry& g, index_t chunk, int threads, F&& f) {
+    const index_t chunks = (g.n + chunk - 1) / chunk;
+    if (threads > 1) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+      for (index_t q = 0; q < chunks; ++q) f(q * chunk, q * chunk + chunk < g.n ? chunk : g.n - q * chunk, detail::host_thread_id());
+    } else {
+      for (index_t q = 0; q < chunks; ++q) f(q * chunk, q * chunk + chunk < g.n ? chunk : g.n - q * chunk, 0);
+    }
+  }
+  [[nodiscard]] static int threads_for(index_t chunks) noexcept {
+    const int t = detail::host_threads();
+    return chunks >= 2 ? (chunks < t ? static_cast<int>(chunks) : t) : 1;
+  }
+
   void forward_host(const locus::detail::conv_geometry& g, const C* x, C* y) const {
     if constexpr (host_device) {
       const G* w = weights_g();
       const C* b = bias_ptr();
       const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
-      const int threads = g.n >= 2 ? detail::host_threads() : 1;
-      constexpr bool direct = std::is_same_v<C, G>;  // the GEMM writes y itself
-      const index_t per = depth * hw + (direct ? 0 : kg * hw);
+      const index_t chunk = chunk_of(g), ld = chunk * hw;
+      const int threads = threads_for((g.n + chunk - 1) / chunk);
+      const index_t per = depth * ld + kg * ld;
       detail::ensure_numel(scratch_, per * threads);
       G* const scratch = scratch_.data_handle();
-      const auto sample = [&](index_t n, int t) {
+      over_chunks(g, chunk, threads, [&](index_t n0, index_t count, int t) {
         G* col = scratch + per * t;
-        G* obuf = col + depth * hw;
+        G* out = col + depth * ld;
+        const index_t cols = count * hw;
         for (index_t grp = 0; grp < g.groups; ++grp) {
-          detail::im2col_host(x + (n * g.c + grp * g.cg()) * g.h * g.w, col, g);
-          C* yg = y + (n * g.k + grp * kg) * hw;
-          G* out;
-          if constexpr (direct) out = yg;
-          else out = obuf;
-          locus::detail::host_gemm<G>(1, kg, hw, depth, detail::op(w + grp * kg * depth, depth, 1),
-                                      detail::op<G>(col, hw, 1), {out, 0, hw, 1});
-          for (index_t co = 0; co < kg; ++co) {
-            const G bv = b ? static_cast<G>(locus::detail::load(b[grp * kg + co])) : G(0);
-            G* o = out + co * hw;
-            C* yo = yg + co * hw;
-            for (index_t j = 0; j < hw; ++j) yo[j] = locus::detail::store<C>(o[j] + bv);
-          }
+          for (index_t s = 0; s < count; ++s)
+            detail::im2col_host(x + ((n0 + s) * g.c + grp * g.cg()) * g.h * g.w, col + s * hw, g, ld);
+          locus::detail::host_gemm<G>(1, kg, cols, depth, detail::op(w + grp * kg * depth, depth, 1),
+                                      detail::op<G>(col, ld, 1), {out, 0, ld, 1});
+          for (index_t s = 0; s < count; ++s)
+            for (index_t co = 0; co < kg; ++co) {
+              const G bv = b ? static_cast<G>(locus::detail::load(b[grp * kg + co])) : G(0);
+              const G* o = out + co * ld + s * hw;
+              C* yo = y + ((n0 + s) * g.k + grp * kg + co) * hw;
+              for (index_t j = 0; j < hw; ++j) yo[j] = locus::detail::store<C>(o[j] + bv);
+            }
         }
-      };
-      if (threads > 1) {
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) num_threads(threads)
-#endif
-        for (index_t n = 0; n < g.n; ++n) sample(n, detail::host_thread_id());
-      } else {
-        for (index_t n = 0; n < g.n; ++n) sample(n, 0);
-      }
+      });
     }
   }
 
@@ -529,64 +548,52 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
       const C* x = x_.data_handle();
       const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
       const index_t wsize = g.k * depth, plane = g.cg() * g.h * g.w;
-      const int threads = g.n >= 2 ? detail::host_threads() : 1;
+      const index_t chunk = chunk_of(g), ld = chunk * hw;
+      const int threads = threads_for((g.n + chunk - 1) / chunk);
       constexpr bool direct = std::is_same_v<C, G>;
-      // per thread: its weight gradient, the columns, their gradient, dy widened, dx of a group
-      const index_t per = wsize + 2 * depth * hw + (direct ? 0 : kg * hw + plane);
+      // per thread: its weight gradient, the columns, their gradient, dy side by side,
+      // dx of one group (f16 / bf16)
+      const index_t per = wsize + depth * ld + (gx ? depth * ld : 0) + kg * ld + (direct ? 0 : plane);
       detail::ensure_numel(scratch_, per * threads);
       G* const scratch = scratch_.data_handle();
-      const auto sample = [&](index_t n, int t) {
+      for (int t = 0; t < threads; ++t)
+        for (index_t j = 0; j < wsize; ++j) scratch[per * t + j] = G(0);
+      over_chunks(g, chunk, threads, [&](index_t n0, index_t count, int t) {
         G* dw = scratch + per * t;
         G* col = dw + wsize;
-        G* dcol = col + depth * hw;
-        G* dyb = dcol + depth * hw;
-        G* dxb = dyb + kg * hw;
+        G* dcol = col + depth * ld;
+        G* dyc = dcol + (gx ? depth * ld : 0);
+        G* dxb = dyc + kg * ld;
+        const index_t cols = count * hw;
         for (index_t grp = 0; grp < g.groups; ++grp) {
-          detail::im2col_host(x + (n * g.c + grp * g.cg()) * g.h * g.w, col, g);
-          const C* dyc = gy + (n * g.k + grp * kg) * hw;
-          const G* dy;
-          if constexpr (direct) {
-            dy = dyc;
-          } else {
-            for (index_t j = 0; j < kg * hw; ++j) dyb[j] = static_cast<G>(locus::detail::load(dyc[j]));
-            dy = dyb;
+          for (index_t s = 0; s < count; ++s) {
+            detail::im2col_host(x + ((n0 + s) * g.c + grp * g.cg()) * g.h * g.w, col + s * hw, g, ld);
+            for (index_t co = 0; co < kg; ++co) {
+              const C* d = gy + ((n0 + s) * g.k + grp * kg + co) * hw;
+              G* r = dyc + co * ld + s * hw;
+              for (index_t j = 0; j < hw; ++j) r[j] = static_cast<G>(locus::detail::load(d[j]));
+            }
           }
-          // dw_g += dy_g [kg, hw] x col^T [hw, depth]
-          locus::detail::host_gemm<G>(1, kg, depth, hw, detail::op(dy, hw, 1), detail::op<G>(col, 1, hw),
+          // dw_g += dy_g [kg, cols] x col^T [cols, depth]
+          locus::detail::host_gemm<G>(1, kg, depth, cols, detail::op<G>(dyc, ld, 1), detail::op<G>(col, 1, ld),
                                       {dw + grp * kg * depth, 0, depth, 1}, true);
-          if (gx) {
-            // dcol = w_g^T [depth, kg] x dy_g [kg, hw], then col2im into dx of the group
-            locus::detail::host_gemm<G>(1, depth, hw, kg, detail::op(w + grp * kg * depth, 1, depth),
-                                        detail::op(dy, hw, 1), {dcol, 0, hw, 1});
-            C* dxc = gx + (n * g.c + grp * g.cg()) * g.h * g.w;
+          if (!gx) continue;
+          // dcol = w_g^T [depth, kg] x dy_g [kg, cols], then col2im into each sample's dx
+          locus::detail::host_gemm<G>(1, depth, cols, kg, detail::op(w + grp * kg * depth, 1, depth),
+                                      detail::op<G>(dyc, ld, 1), {dcol, 0, ld, 1});
+          for (index_t s = 0; s < count; ++s) {
+            C* dxc = gx + ((n0 + s) * g.c + grp * g.cg()) * g.h * g.w;
             if constexpr (direct) {
               for (index_t j = 0; j < plane; ++j) dxc[j] = G(0);
-              detail::col2im_host<G>(dcol, dxc, g);
+              detail::col2im_host<G>(dcol + s * hw, dxc, g, ld);
             } else {
               for (index_t j = 0; j < plane; ++j) dxb[j] = G(0);
-              detail::col2im_host<G>(dcol, dxb, g);
+              detail::col2im_host<G>(dcol + s * hw, dxb, g, ld);
               for (index_t j = 0; j < plane; ++j) dxc[j] = locus::detail::store<C>(dxb[j]);
             }
           }
         }
-      };
-      const auto zero_dw = [&](int t) {
-        G* dw = scratch + per * t;
-        for (index_t j = 0; j < wsize; ++j) dw[j] = G(0);
-      };
-      if (threads > 1) {
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-        {
-          zero_dw(detail::host_thread_id());
-#pragma omp for schedule(static)
-          for (index_t n = 0; n < g.n; ++n) sample(n, detail::host_thread_id());
-        }
-#endif
-      } else {
-        zero_dw(0);
-        for (index_t n = 0; n < g.n; ++n) sample(n, 0);
-      }
+      });
       // the threads' sums in thread order (the same bits for the same thread count)
       for (index_t j = 0; j < wsize; ++j) {
         G s = scratch[j];
