@@ -17,6 +17,9 @@ the trainer on the CPU and checks what a user relies on:
   * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
     small for anything fails with a message and exit status 1; on the whole dataset under
     64 MiB the chosen batch leaves room for evaluation (the epoch and its evaluation finish);
+  * --model cnn trains (accuracy above chance), resumes from its epoch-1 checkpoint to
+    the same epoch 2 as the run without a stop (augmentation and dropout included), and a
+    resume with --model mlp is refused naming --model; --batch-size auto works for it;
   * a bad option (malformed, out of range, unknown) exits with status 2, names the option
     and prints nothing on stdout; --help exits 0 with the options on stdout.
 The dataset comes from LOCUS_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist
@@ -213,6 +216,30 @@ def main():
     if len(epochs_of(out)) != 1:
         fail("--batch-size auto --memory-limit 64M on the whole dataset did not finish its epoch:\n" + out)
 
+    # The CNN: trains, resumes bit-identically (to the printed digits), refuses another --model.
+    cnn = ["--data", data, "--device", "cpu", "--model", "cnn", "--batch-size", "100", "--seed", "3", "--lr", "0.003"]
+    ck_cnn = os.path.join(work, "ck-cnn")
+    out, _ = run(binary, *cnn, "--epochs", "2", "--checkpoint-dir", ck_cnn)
+    c = epochs_of(out)
+    if len(c) != 2 or "model: CNN" not in out:
+        fail("--model cnn --epochs 2 should print a CNN model line and two epoch lines:\n" + out)
+    if not (float(c[1]["test_accuracy"]) > 0.3 and math.isfinite(float(c[1]["train_loss"]))):
+        fail(f"--model cnn did not train: {c}")
+    out, _ = run(binary, *cnn, "--epochs", "2", "--resume", os.path.join(ck_cnn, "epoch-1.safetensors"))
+    c2 = epochs_of(out)
+    same = ("epoch", "train_loss", "test_loss", "test_accuracy")
+    if len(c2) != 1 or any(c2[0][k] != c[1][k] for k in same):
+        fail(f"--model cnn resumed from epoch 1 should print the same epoch 2: {c2} vs {c[1]}")
+    _, err = run(binary, *[x if x != "cnn" else "mlp" for x in cnn], "--epochs", "2", "--resume",
+                 os.path.join(ck_cnn, "epoch-1.safetensors"), expect=2)
+    if "--model cnn (this run: mlp)" not in err:
+        fail("--resume of a CNN checkpoint with --model mlp should be refused naming --model:\n" + err)
+    out, _ = run(binary, *[x for x in cnn if x not in ("--batch-size", "100")], "--epochs", "1", "--batch-size",
+                 "auto", "--memory-limit", "40M")
+    m = re.search(r"^batch size auto: (\d+) ", out, re.M)
+    if not m or len(epochs_of(out)) != 1:
+        fail("--model cnn --batch-size auto under a 40 MiB limit:\n" + out)
+
     # A bad option: usage and status 2, the option named, before anything else is printed.
     _, err = run(binary, "--epochs", "0", expect=2)
     if "usage:" not in err:
@@ -221,7 +248,8 @@ def main():
                         (["--seed", "-3"], "--seed"), (["--batch-size", "0"], "--batch-size"),
                         (["--hidden", "512"], "--hidden"), (["--memory-limit", "0"], "--memory-limit"),
                         (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device"),
-                        (["--clip-grad-norm", "-1"], "--clip-grad-norm")):
+                        (["--clip-grad-norm", "-1"], "--clip-grad-norm"), (["--model", "rnn"], "--model"),
+                        (["--augment", "maybe"], "--augment")):
         out, err = run(binary, *bad, expect=2)
         if option not in err or out:
             fail(f"{' '.join(bad)}: expected an error naming {option} and nothing on stdout:\n"
