@@ -740,3 +740,56 @@ TEST_CASE("conv2d's host path over several chunks of samples and threads: agains
   auto x = filled<double, 4>({3, 1, 32, 32}, 0.25);  // a sample per chunk: 3 chunks
   gradient_check(m, x, 1e-6, 37);
 }
+
+TEST_CASE("layer_norm over the last axis of rank-2 and rank-3 inputs: a double reference and finite differences") {
+  nn::sequential m2(nn::linear<D, P64>(5, 6), nn::layer_norm<D, P64>(6), nn::tanh<D, P64>(), nn::linear<D, P64>(6, 3));
+  m2.reset_parameters(6);
+  auto master = m2.parameters().master();
+  const auto& e = m2.parameters().entries();
+  for (index_t j = 0; j < 6; ++j) {  // weight and bias other than 1 and 0
+    master.data_handle()[e[2].offset + j] = 1.0 + 0.1 * static_cast<double>(j);
+    master.data_handle()[e[3].offset + j] = 0.05 * static_cast<double>(j) - 0.1;
+  }
+  auto x2 = filled<double, 2>({4, 5}, 0.2);
+  gradient_check(m2, x2, 1e-6);
+  // rank 3 [batch, tokens, features], the layer on its own (a model of layers that take
+  // any rank takes rank 2)
+  nn::layer_norm<D, P64> ln(4);
+  nn::parameter_store<D, P64> store;
+  ln.declare(store, "0.");
+  store.allocate();
+  ln.bind(store);
+  ln.reset_parameters(0);
+  auto x3 = filled<double, 3>({2, 3, 4}, 0.9);
+  for (index_t i = 0; i < x3.numel(); ++i) x3.data_handle()[i] = x3.data_handle()[i] * 5.0 + 100.0;  // a large mean
+  const auto y = ln.infer(std::as_const(x3).view());
+  const auto yt = ln.forward(std::as_const(x3).view());
+  for (index_t i = 0; i < y.numel(); ++i) CHECK(yt.data_handle()[i] == y.data_handle()[i]);
+  locus::tensor<double, D, 3> g3(x3.shape());
+  for (index_t i = 0; i < g3.numel(); ++i) g3.data_handle()[i] = value_at(i, 0.1);
+  store.zero_grad();
+  const auto gx3 = ln.backward(std::as_const(g3).view(), true);
+  // the rows are independent: row r's input gradient equals a rank-2 model's on that row
+  nn::sequential row(nn::layer_norm<D, P64>(4));
+  for (index_t r = 0; r < 6; ++r) {
+    locus::tensor<double, D, 2> xr(extents<2>{1, 4}), gr(extents<2>{1, 4});
+    for (index_t j = 0; j < 4; ++j) {
+      xr(0, j) = x3.data_handle()[r * 4 + j];
+      gr(0, j) = g3.data_handle()[r * 4 + j];
+    }
+    (void)row.forward(std::as_const(xr).view());
+    const auto g = row.backward(std::as_const(gr).view(), true);
+    for (index_t j = 0; j < 4; ++j) CHECK(gx3.data_handle()[r * 4 + j] == doctest::Approx(g(0, j)).epsilon(1e-12));
+  }
+  for (index_t r = 0; r < 6; ++r) {
+    double s = 0.0, q = 0.0;
+    for (index_t j = 0; j < 4; ++j) s += x3.data_handle()[r * 4 + j];
+    const double mean = s / 4.0;
+    for (index_t j = 0; j < 4; ++j) q += std::pow(x3.data_handle()[r * 4 + j] - mean, 2);
+    for (index_t j = 0; j < 4; ++j)
+      CHECK(y.data_handle()[r * 4 + j] == doctest::Approx((x3.data_handle()[r * 4 + j] - mean) / std::sqrt(q / 4.0 + 1e-5)).epsilon(1e-10));
+  }
+  nn::sequential m3b(nn::linear<D, P64>(4, 4), nn::layer_norm<D, P64>(4));
+  (void)m3b;
+  CHECK_THROWS_AS(nn::sequential(nn::linear<D, P32>(4, 5), nn::layer_norm<D, P32>(4)), locus::shape_error);
+}

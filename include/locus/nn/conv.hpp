@@ -1185,4 +1185,125 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   bool relu_ = false;
 };
 
+/// layer_norm's options (PyTorch's nn.LayerNorm over the last axis).
+struct layer_norm_options {
+  double eps = 1e-5;
+  bool elementwise_affine = true;  ///< learnable weight (init 1) and bias (init 0), [features]
+};
+
+/// Layer normalisation over the last axis of activations of any rank (rank 2 [batch,
+/// features], rank 3 [batch, tokens, features], ...): PyTorch's nn.LayerNorm(features).
+/// Statistics per row in f64 from the compute dtype; weight and bias in the master dtype.
+template <Device D, class Policy>
+class layer_norm : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
+ public:
+  using device = D;
+  using policy = locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  using M = typename policy::master;
+  template <std::size_t R>
+  using view_of = tensor_view<const C, D, R>;
+  using view = view_of<2>;
+  static constexpr bool is_activation = false;
+  static constexpr std::size_t input_rank = 0, output_rank = 0;  // any rank, kept
+  static constexpr const char* layer_name = "layer_norm";
+
+  explicit layer_norm(index_t features, layer_norm_options o = {}) : f_(features), o_(o) {
+    if (f_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive feature count");
+    if (!(o_.eps > 0.0) || !std::isfinite(o_.eps))
+      throw value_error("locus: " + describe() + ": eps must be positive and finite");
+  }
+  [[nodiscard]] std::string describe() const { return "layer_norm(" + std::to_string(f_) + ")"; }
+  [[nodiscard]] index_t output_features(index_t in) const {
+    if (in != f_)
+      throw shape_error("locus: " + describe() + " normalises " + std::to_string(f_) +
+                        " features, but its input's last axis has " + std::to_string(in));
+    return f_;
+  }
+  [[nodiscard]] index_t output_width(index_t in) const { return in < 0 ? in : output_features(in); }
+  [[nodiscard]] index_t parameter_count() const noexcept { return o_.elementwise_affine ? 2 * f_ : 0; }
+
+  void declare(parameter_store<D, policy>& s, const std::string& prefix) {
+    if (!o_.elementwise_affine) return;
+    w_ = s.add(prefix + "weight", {f_});
+    b_ = s.add(prefix + "bias", {f_});
+  }
+  void bind(parameter_store<D, policy>& s) { store_ = &s; }
+  void reset_parameters(std::uint64_t) {
+    if (!o_.elementwise_affine) return;
+    locus::detail::launch_n<D>(f_, locus::detail::fill_kernel<M>{store_->master_flat(w_).data_handle(), M(1)});
+    locus::detail::launch_n<D>(f_, locus::detail::fill_kernel<M>{store_->master_flat(b_).data_handle(), M(0)});
+  }
+
+  template <std::size_t R>
+  view_of<R> forward(const view_of<R>& x) {
+    if (this->has_hooks()) this->run_pre(detail::as_rows(x));
+    check(x);
+    x_ = x.data_handle();
+    rows_ = x.numel() / f_;
+    detail::ensure_numel(y_, x.numel());
+    detail::ensure_numel(mean_, rows_ > 0 ? rows_ : 1);
+    detail::ensure_numel(invstd_, rows_ > 0 ? rows_ : 1);
+    locus::detail::launch_n<D>(rows_, locus::detail::layer_norm_forward_kernel<C, M>{
+                                          x.data_handle(), y_.data_handle(), gamma(), beta(), mean_.data_handle(),
+                                          invstd_.data_handle(), f_, o_.eps},
+                               f_);
+    const view_of<R> y = detail::shaped(y_, x.shape());
+    if (this->has_hooks()) this->run_post(detail::as_rows(x), detail::as_rows(y));
+    return y;
+  }
+  template <std::size_t R>
+  view_of<R> backward(const view_of<R>& gy, bool need_input_grad = true) {
+    if (gy.numel() != rows_ * f_ || gy.shape()[R - 1] != f_)
+      throw shape_error("locus: " + describe() + " backward got a gradient of shape " +
+                        locus::detail::shape_string(gy.shape()) + " for " + std::to_string(rows_) + " rows");
+    if (o_.elementwise_affine) {
+      auto [g, fg] = store_->grad_flat_out(w_);
+      auto [b, fb] = store_->grad_flat_out(b_);
+      locus::detail::launch_n<D>(f_, locus::detail::layer_norm_param_grad_kernel<C, M>{
+                                         x_, gy.data_handle(), mean_.data_handle(), invstd_.data_handle(),
+                                         g.data_handle(), b.data_handle(), fg, fb, rows_, f_},
+                                 rows_);
+    }
+    if (!need_input_grad) return {};
+    detail::ensure_numel(gx_, gy.numel());
+    locus::detail::launch_n<D>(rows_, locus::detail::layer_norm_backward_kernel<C, M>{
+                                          x_, gy.data_handle(), gx_.data_handle(), gamma(), mean_.data_handle(),
+                                          invstd_.data_handle(), f_},
+                               f_);
+    return detail::shaped(gx_, gy.shape());
+  }
+  template <std::size_t R>
+  tensor<C, D, R> infer(const view_of<R>& x) const {
+    if (this->has_hooks()) this->run_pre(detail::as_rows(x));
+    check(x);
+    tensor<C, D, R> y(x.shape());
+    locus::detail::launch_n<D>(x.numel() / f_, locus::detail::layer_norm_forward_kernel<C, M>{
+                                                   x.data_handle(), y.data_handle(), gamma(), beta(), nullptr, nullptr,
+                                                   f_, o_.eps},
+                               f_);
+    if (this->has_hooks()) this->run_post(detail::as_rows(x), detail::as_rows(std::as_const(y).view()));
+    return y;
+  }
+
+ private:
+  template <std::size_t R>
+  void check(const view_of<R>& x) const {
+    static_assert(R >= 1, "locus: layer_norm normalises the last axis; it needs rank 1 or more");
+    (void)output_features(x.shape()[R - 1]);
+    if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+  }
+  const M* gamma() const { return o_.elementwise_affine ? store_->master_flat(w_).data_handle() : nullptr; }
+  const M* beta() const { return o_.elementwise_affine ? store_->master_flat(b_).data_handle() : nullptr; }
+
+  index_t f_;
+  layer_norm_options o_;
+  std::size_t w_ = 0, b_ = 0;
+  parameter_store<D, policy>* store_ = nullptr;
+  const C* x_ = nullptr;
+  index_t rows_ = 0;
+  tensor<C, D, 1> y_, gx_;
+  tensor<M, D, 1> mean_, invstd_;
+};
+
 }  // namespace locus::nn

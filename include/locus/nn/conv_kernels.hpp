@@ -470,6 +470,103 @@ struct batch_norm_backward_kernel {
   }
 };
 
+// ---- layer normalisation (over the last axis) ---------------------------------------
+
+/// One row per call: mean and biased variance over its f features (shifted one-pass
+/// sums, as batch norm), y = (x - mean) / sqrt(var + eps) * gamma + beta, the saved mean
+/// and 1 / sqrt(var + eps).
+template <class T, class M>
+struct layer_norm_forward_kernel {
+  const T* x;
+  T* y;
+  const M* gamma;  // nullptr: no affine parameters
+  const M* beta;
+  M* mean_out;     // nullptr: inference
+  M* invstd_out;
+  index_t f;
+  double eps;
+  LOCUS_HOST_DEVICE void operator()(index_t r) const {
+    using V = compute_t<T>;
+    const T* p = x + r * f;
+    const V k = load(p[0]);
+    V s1 = V(0), s2 = V(0);
+    for (index_t j = 0; j < f; ++j) {
+      const V d = load(p[j]) - k;
+      s1 += d;
+      s2 += d * d;
+    }
+    const double md = static_cast<double>(s1) / static_cast<double>(f);
+    const double mean = static_cast<double>(k) + md;
+    double var = static_cast<double>(s2) / static_cast<double>(f) - md * md;
+    var = var > 0.0 ? var : 0.0;
+    const double invstd = 1.0 / ::sqrt(var + eps);
+    T* o = y + r * f;
+    for (index_t j = 0; j < f; ++j) {
+      double v = (static_cast<double>(load(p[j])) - mean) * invstd;
+      if (gamma) v = v * static_cast<double>(gamma[j]) + static_cast<double>(beta[j]);
+      o[j] = store<T>(static_cast<V>(v));
+    }
+    if (mean_out) {
+      mean_out[r] = static_cast<M>(mean);
+      invstd_out[r] = static_cast<M>(invstd);
+    }
+  }
+};
+
+/// dx of one row per call: with g = dy * gamma and xhat = (x - mean) * invstd,
+/// dx = invstd * (g - mean(g) - xhat * mean(g * xhat)).
+template <class T, class M>
+struct layer_norm_backward_kernel {
+  const T* x;
+  const T* gy;
+  T* gx;
+  const M* gamma;
+  const M* mean;
+  const M* invstd;
+  index_t f;
+  LOCUS_HOST_DEVICE void operator()(index_t r) const {
+    const double mu = static_cast<double>(mean[r]), is = static_cast<double>(invstd[r]);
+    const T* p = x + r * f;
+    const T* d = gy + r * f;
+    double sg = 0.0, sgx = 0.0;
+    for (index_t j = 0; j < f; ++j) {
+      const double g = static_cast<double>(load(d[j])) * (gamma ? static_cast<double>(gamma[j]) : 1.0);
+      sg += g;
+      sgx += g * (static_cast<double>(load(p[j])) - mu) * is;
+    }
+    const double mg = sg / static_cast<double>(f), mgx = sgx / static_cast<double>(f);
+    T* o = gx + r * f;
+    for (index_t j = 0; j < f; ++j) {
+      const double g = static_cast<double>(load(d[j])) * (gamma ? static_cast<double>(gamma[j]) : 1.0);
+      const double xhat = (static_cast<double>(load(p[j])) - mu) * is;
+      o[j] = store<T>(static_cast<compute_t<T>>(is * (g - mg - xhat * mgx)));
+    }
+  }
+};
+
+/// dgamma[j] and dbeta[j] of one feature per call: sums over the rows, in order.
+template <class T, class M>
+struct layer_norm_param_grad_kernel {
+  const T* x;
+  const T* gy;
+  const M* mean;
+  const M* invstd;
+  M* dgamma;
+  M* dbeta;
+  bool dgamma_overwrite, dbeta_overwrite;
+  index_t rows, f;
+  LOCUS_HOST_DEVICE void operator()(index_t j) const {
+    double sg = 0.0, sb = 0.0;
+    for (index_t r = 0; r < rows; ++r) {
+      const double dy = static_cast<double>(load(gy[r * f + j]));
+      sb += dy;
+      sg += dy * (static_cast<double>(load(x[r * f + j])) - static_cast<double>(mean[r])) * static_cast<double>(invstd[r]);
+    }
+    dgamma[j] = dgamma_overwrite ? static_cast<M>(sg) : static_cast<M>(static_cast<double>(dgamma[j]) + sg);
+    dbeta[j] = dbeta_overwrite ? static_cast<M>(sb) : static_cast<M>(static_cast<double>(dbeta[j]) + sb);
+  }
+};
+
 /// dst[i] = v (parameter and buffer initialisation).
 template <class T>
 struct fill_kernel {
