@@ -32,6 +32,22 @@ if sys.argv[1] == "--torch":
     got = model(x).detach().numpy()
     assert np.allclose(got, ref, rtol=1e-5, atol=1e-5), (got, ref)
     print("PyTorch nn.Sequential loaded the checkpoint and computes with its weights")
+    # The CNN: conv, batch norm (weights and running statistics), relu, pooling, flatten,
+    # linear; strict load_state_dict, then eval-mode output equal to locus's infer().
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    cstate = {k: t for k, t in load_torch(f"{d}/cnn.safetensors").items() if not k.startswith("optimizer.")}
+    assert cstate["1.num_batches_tracked"].shape == torch.Size([]) and int(cstate["1.num_batches_tracked"]) == 4, \
+        cstate["1.num_batches_tracked"]
+    assert not torch.equal(cstate["1.running_var"], torch.ones(4)), "running statistics were not trained"
+    cnn.load_state_dict(cstate)  # strict: parameters and buffers, names and shapes
+    cnn.eval()
+    io = load_torch(f"{d}/cnn_io.safetensors")
+    with torch.no_grad():
+        got = cnn(io["x"])
+    assert torch.allclose(got, io["y"], rtol=1e-5, atol=1e-5), (got, io["y"])
+    print("PyTorch nn.Sequential loaded the CNN checkpoint (batch norm's running statistics included) and "
+          "computes locus's inference output")
     sys.exit(0)
 
 try:

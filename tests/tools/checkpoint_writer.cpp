@@ -1,6 +1,8 @@
 // Writes the files tests/python/read_safetensors.py reads with the Python `safetensors`
 // package (an independent reader): values.safetensors (known values in f32, f16, bf16,
-// i64) and trainer.safetensors (a checkpoint of a small trained model).
+// i64), trainer.safetensors (a checkpoint of a small trained model), cnn.safetensors (a
+// trained CNN's checkpoint, batch norm included) and cnn_io.safetensors (an input and the
+// CNN's inference output on it).
 #include <locus/train.hpp>
 
 #include <cstdio>
@@ -38,6 +40,25 @@ int main(int argc, char** argv) {
     auto y = locus::zeros<std::int64_t, locus::cpu>({8});
     for (int s = 0; s < 5; ++s) t.step(x, y);
     locus::train::save_checkpoint(dir / "trainer.safetensors", t, 2);
+
+    // A CNN (batch norm's running statistics are buffers), trained a few steps, and its
+    // inference output on a known input: PyTorch loads the checkpoint into the
+    // equivalent nn.Sequential and must compute the same output in eval mode.
+    nn::sequential cnn(nn::conv2d<locus::cpu, P>(1, 4, 3, {.padding = 1}), nn::batch_norm2d<locus::cpu, P>(4),
+                       nn::relu<locus::cpu, P>(), nn::max_pool2d<locus::cpu, P>(2), nn::flatten<locus::cpu, P>(),
+                       nn::linear<locus::cpu, P>(4 * 4 * 4, 3));
+    cnn.reset_parameters(3);
+    locus::optim::adamw<locus::cpu> copt(cnn.parameters(), {.lr = 1e-2});
+    locus::train::trainer ct(cnn, copt, nn::cross_entropy{});
+    auto images = locus::rand<float, locus::cpu>({6, 1, 8, 8}, 2);
+    auto labels = locus::zeros<std::int64_t, locus::cpu>({6});
+    for (locus::index_t k = 0; k < 6; ++k) labels(k) = k % 3;
+    for (int s = 0; s < 4; ++s) ct.step(images, labels);
+    locus::train::save_checkpoint(dir / "cnn.safetensors", ct, 1);
+    locus::io::writer io;
+    io.add("x", images);
+    io.add("y", cnn.infer(std::as_const(images).view()));
+    io.save(dir / "cnn_io.safetensors");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_writer: %s\n", e.what());
     return 1;
