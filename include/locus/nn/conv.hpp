@@ -966,9 +966,10 @@ class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Poli
 };
 
 /// [batch, channels, height, width] -> [batch, channels * height * width] (PyTorch's
-/// nn.Flatten): a view of the input in training, a copy in inference.
+/// nn.Flatten): a view of the input in training, a copy in inference. Its hooks see
+/// rank-2 views: the input as [batch, channels * height * width], and the output.
 template <Device D, class Policy>
-class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
+class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 2> {
  public:
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;
@@ -990,11 +991,12 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
   }
 
   tensor_view<const C, D, 2> forward(const view& x) {
-    this->run_pre(x);
     if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
     xs_ = x.shape();
-    this->run_post(x, x);
-    return x.reshape(extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]});
+    const tensor_view<const C, D, 2> y = x.reshape(extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]});
+    this->run_pre(y);
+    this->run_post(y, y);
+    return y;
   }
   view backward(const tensor_view<const C, D, 2>& gy, bool = true) {
     if (gy.shape() != extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]})
@@ -1003,10 +1005,12 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
     return gy.reshape(xs_);
   }
   tensor<C, D, 2> infer(const view& x) const {
-    this->run_pre(x);
+    if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
     tensor<C, D, 2> y(extents<2>{x.shape()[0], x.shape()[1] * x.shape()[2] * x.shape()[3]});
-    copy(x.reshape(y.shape()), y);
-    this->run_post(x, x);
+    const auto rows = x.reshape(y.shape());
+    this->run_pre(rows);
+    copy(rows, y);
+    this->run_post(rows, std::as_const(y).view());
     return y;
   }
 
