@@ -4,6 +4,7 @@
 // -Wall -Wextra -Wpedantic -Werror ("warnings: ..."): locus's headers must not warn in
 // a user's build, including the optimiser's own warnings (clang's -Wpass-failed when a
 // requested simd loop cannot be vectorised), which only code generation shows.
+#include <locus/data/transforms.hpp>
 #include <locus/train.hpp>
 
 #include <cstdint>
@@ -33,6 +34,29 @@ double train_once() {
   return t.report().loss;
 }
 
+template <class P>
+double train_cnn() {
+  using D = locus::cpu;
+  namespace nn = locus::nn;
+  nn::sequential model(nn::conv2d<D, P>(1, 4, 3, {.padding = 1}), nn::batch_norm2d<D, P>(4), nn::relu<D, P>(),
+                       nn::max_pool2d<D, P>(2), nn::conv2d<D, P>(4, 4, 3, {.stride = 1, .dilation = 2, .groups = 2}),
+                       nn::avg_pool2d<D, P>(2, {.stride = 1, .padding = 1}), nn::adaptive_avg_pool2d<D, P>(2),
+                       nn::dropout<D, P>(0.1f, 4), nn::flatten<D, P>(), nn::layer_norm<D, P>(16), nn::linear<D, P>(16, 3));
+  model.reset_parameters(2);
+  locus::optim::adamw<D> opt(model.parameters());
+  auto x = locus::randn<float, D>({8, 1, 12, 12}, 5);
+  auto labels = locus::eval(locus::cast<std::int64_t>(locus::rand<float, D>({8}, 6, 0.0, 2.99)));
+  locus::amp::grad_scaler<D> scaler;
+  locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler);
+  for (int i = 0; i < 3; ++i) t.step(x, labels);
+  const std::vector<float> row(144, 0.5f);
+  std::vector<float> sample = row;
+  locus::data::compose(locus::data::random_crop{.channels = 1, .height = 12, .width = 12},
+                       locus::data::horizontal_flip{.channels = 1, .height = 12, .width = 12},
+                       locus::data::normalize{})(sample, {1, 2, 3});
+  return t.report().loss + static_cast<double>(sample[0]) + static_cast<double>(model.summary({8, 1, 12, 12}).size());
+}
+
 }  // namespace
 
 int main() {
@@ -50,6 +74,7 @@ int main() {
                        locus::to<locus::cpu>(locus::max(locus::cast<float>(f))).item() +
                        static_cast<double>(locus::to<locus::cpu>(locus::argmax(w)).item());
   const double losses = train_once<locus::amp::fp32>() + train_once<locus::amp::bf16_mixed>() +
-                        train_once<locus::amp::fp16_mixed>();
+                        train_once<locus::amp::fp16_mixed>() + train_cnn<locus::amp::fp32>() +
+                        train_cnn<locus::amp::bf16_mixed>() + train_cnn<locus::amp::fp16_mixed>();
   return total + losses > 0.0 ? 0 : 1;
 }
