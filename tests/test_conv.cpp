@@ -793,3 +793,182 @@ TEST_CASE("layer_norm over the last axis of rank-2 and rank-3 inputs: a double r
   (void)m3b;
   CHECK_THROWS_AS(nn::sequential(nn::linear<D, P32>(4, 5), nn::layer_norm<D, P32>(4)), locus::shape_error);
 }
+
+#include <thread>
+
+TEST_CASE("review: infer on a shared const CNN from several threads (and inside a user's OpenMP loop) is exact") {
+  auto m = blob_cnn(4);
+  const auto& cm = m;
+  locus::tensor<float, D, 4> x(extents<4>{6, 1, 8, 8});
+  for (index_t i = 0; i < x.numel(); ++i) x.data_handle()[i] = static_cast<float>(value_at(i, 0.3));
+  const auto ref = cm.infer(std::as_const(x).view());
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) {
+        const auto y = cm.infer(std::as_const(x).view());
+        for (index_t i = 0; i < y.numel(); ++i) bad[static_cast<std::size_t>(t)] += y.data_handle()[i] != ref.data_handle()[i];
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(bad == std::vector<int>(4, 0));
+  int omp_bad = 0;
+#if defined(_OPENMP)
+#pragma omp parallel for reduction(+ : omp_bad) num_threads(2)
+#endif
+  for (int r = 0; r < 8; ++r) {
+    const auto y = cm.infer(std::as_const(x).view());
+    for (index_t i = 0; i < y.numel(); ++i) omp_bad += y.data_handle()[i] != ref.data_handle()[i];
+  }
+  CHECK(omp_bad == 0);
+}
+
+TEST_CASE("review: edge cases of the CNN layers are errors or PyTorch's answers") {
+  using E = locus::shape_error;
+  // max pooling keeps the maximum's position in 32 bits: larger planes are refused
+  nn::sequential big(nn::max_pool2d<D, P32>(2));
+  CHECK_THROWS_AS((void)big.output_shape({1, 1, 46341, 46341}), E);
+  CHECK_NOTHROW((void)big.output_shape({1, 1, 46340, 46340}));
+  // empty planes are refused; an empty batch is an empty output, batch norm included
+  nn::sequential pool(nn::max_pool2d<D, P32>(2, {.padding = 1}));
+  auto empty_plane = filled<float, 4>({1, 1, 0, 0}, 0.0);
+  CHECK_THROWS_AS((void)pool.infer(std::as_const(empty_plane).view()), E);
+  nn::sequential conv(nn::conv2d<D, P32>(1, 1, 1, {.padding = 1}));
+  CHECK_THROWS_AS((void)conv.infer(std::as_const(empty_plane).view()), E);
+  nn::sequential bn(nn::batch_norm2d<D, P32>(2));
+  auto none = filled<float, 4>({0, 2, 3, 3}, 0.0);
+  CHECK(bn.forward(std::as_const(none).view()).numel() == 0);
+  CHECK(bn.get<0>().running_var()(0) == 1.0f);  // unchanged
+  CHECK_THROWS_AS((void)bn.output_shape({-1, 2, 3, 3}), E);
+  // a strided view into an element-wise layer is refused, not read in the wrong order
+  nn::sequential act(nn::relu<D, P32>{});
+  auto m2 = filled<float, 2>({3, 4}, 0.1);
+  CHECK_THROWS_AS((void)act.infer(locus::transpose(std::as_const(m2))), E);
+  // layer_norm after a convolution normalises the last axis (the width), as PyTorch's
+  nn::sequential ln(nn::conv2d<D, P32>(2, 4, 3, {.padding = 1}), nn::layer_norm<D, P32>(6));
+  auto img = filled<float, 4>({2, 2, 6, 6}, 0.2);
+  CHECK(ln.infer(std::as_const(img).view()).shape() == extents<4>{2, 4, 6, 6});
+  nn::sequential ln_bad(nn::conv2d<D, P32>(2, 4, 3, {.padding = 1}), nn::layer_norm<D, P32>(4));
+  CHECK_THROWS_AS((void)ln_bad.infer(std::as_const(img).view()), E);
+  // transform stream numbers
+  {
+    std::vector<float> sample(64);
+    const locus::data::random_crop wide{.channels = 1, .height = 8, .width = 8, .stream = 1u << 16};
+    CHECK_THROWS_AS(wide(sample, {}), locus::value_error);
+  }
+  int same = 0;
+  for (index_t i = 0; i < 100; ++i) {
+    std::vector<float> a(64), b(64);
+    for (std::size_t j = 0; j < 64; ++j) a[j] = b[j] = static_cast<float>(j);
+    locus::data::random_crop{.channels = 1, .height = 8, .width = 8, .stream = 257}(a, {1, 0, i});
+    locus::data::random_crop{.channels = 1, .height = 8, .width = 8, .stream = 1}(b, {1, 1, i});
+    same += a == b;
+  }
+  CHECK(same < 50);
+}
+
+TEST_CASE("review: fused batch norm + relu keeps NaN as the unfused pair does; statistics with an outlier first value") {
+  const auto make = [] {
+    nn::sequential m(nn::batch_norm2d<D, P32>(2), nn::relu<D, P32>(), nn::flatten<D, P32>());
+    return m;
+  };
+  auto fused = make();
+  auto plain = make();
+  plain.get<1>().add_forward_hook([](const auto&, const auto&) {});
+  auto x = filled<float, 4>({2, 2, 2, 2}, 0.1);
+  x.data_handle()[0] = std::numeric_limits<float>::quiet_NaN();
+  const auto a = fused.infer(std::as_const(x).view());
+  const auto b = plain.infer(std::as_const(x).view());
+  const auto at = fused.forward(std::as_const(x).view());
+  std::vector<float> ta(at.data_handle(), at.data_handle() + at.numel());
+  const auto bt = plain.forward(std::as_const(x).view());
+  for (index_t i = 0; i < a.numel(); ++i) {
+    CHECK(std::isnan(a.data_handle()[i]) == std::isnan(b.data_handle()[i]));
+    CHECK(std::isnan(ta[static_cast<std::size_t>(i)]) == std::isnan(bt.data_handle()[i]));
+  }
+  CHECK(std::isnan(a.data_handle()[0]));
+  CHECK(std::isnan(fused.get<0>().running_var()(0)));  // NaN stays NaN (PyTorch's too)
+
+  // a channel whose first value is far from the rest: f32 statistics still within 1e-5
+  nn::sequential s(nn::batch_norm2d<D, P32>(1, {.momentum = 1.0}));
+  auto xo = filled<float, 4>({8, 1, 16, 16}, 0.5);
+  xo.data_handle()[0] = 1000.0f;
+  (void)s.forward(std::as_const(xo).view());
+  double sum = 0.0, q = 0.0;
+  for (index_t i = 0; i < xo.numel(); ++i) sum += xo.data_handle()[i];
+  const double mean = sum / static_cast<double>(xo.numel());
+  for (index_t i = 0; i < xo.numel(); ++i) q += std::pow(xo.data_handle()[i] - mean, 2);
+  const double unbiased = q / static_cast<double>(xo.numel() - 1);
+  CHECK(std::abs(s.get<0>().running_var()(0) - unbiased) / unbiased < 1e-5);
+  CHECK(std::abs(s.get<0>().running_mean()(0) - mean) / std::abs(mean) < 1e-5);
+}
+
+TEST_CASE("review: an empty batch is refused by the trainer; a conv backward of no samples writes zero gradients") {
+  auto m = blob_cnn(2);
+  locus::optim::adamw<D> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, nn::cross_entropy{});
+  auto x = filled<float, 4>({4, 1, 8, 8}, 0.1);
+  locus::tensor<std::int64_t, D, 1> y(extents<1>{4});
+  for (index_t i = 0; i < 4; ++i) y(i) = i % 3;
+  t.step(x, y);
+  const auto before = all_state(m);
+  auto x0 = filled<float, 4>({0, 1, 8, 8}, 0.1);
+  locus::tensor<std::int64_t, D, 1> y0(extents<1>{0});
+  CHECK_THROWS_AS(t.step(x0, y0), locus::shape_error);
+  CHECK(all_state(m) == before);
+  for (const bool generic : {false, true}) {
+    generic_path gp(generic);
+    nn::sequential c(nn::conv2d<D, P32>(1, 2, 3));
+    auto xs = filled<float, 4>({2, 1, 5, 5}, 0.3);
+    auto gs = filled<float, 4>({2, 2, 3, 3}, 0.2);
+    (void)c.forward(std::as_const(xs).view());
+    (void)c.backward(std::as_const(gs).view(), true);  // a gradient in the buffer
+    c.parameters().discard_grad();
+    auto xe = filled<float, 4>({0, 1, 5, 5}, 0.3);
+    auto ge = filled<float, 4>({0, 2, 3, 3}, 0.2);
+    (void)c.forward(std::as_const(xe).view());
+    (void)c.backward(std::as_const(ge).view(), true);
+    const auto g = c.parameters().grad();
+    for (index_t i = 0; i < g.numel(); ++i) CHECK(g.data_handle()[i] == 0.0f);
+  }
+}
+
+TEST_CASE("review: hostile buffers in a model file are io_error and change nothing") {
+  const auto dir = temp_file("hostile");
+  std::filesystem::create_directories(dir);
+  auto m = blob_cnn(5);
+  // a file of m's weights and buffers, with one buffer replaced
+  const auto write_with = [&](const std::string& name, const auto& replacement) {
+    locus::io::writer w;
+    const auto& store = m.parameters();
+    for (const auto& e : store.entries())
+      nn::detail::with_shape<const float, D>(store.master().data_handle(), e, [&](const auto& v) { w.add(e.name, v); });
+    std::as_const(m).for_each_buffer([&](const std::string& n, const auto& v) {
+      if (n == name) w.add(n, replacement);
+      else w.add(n, v);
+    });
+    const auto p = dir / (name + std::to_string(replacement.numel()) + ".safetensors");
+    w.save(p);
+    return p;
+  };
+  locus::tensor<std::int64_t, D, 0> negative(extents<0>{});
+  negative.data_handle()[0] = -5;
+  locus::tensor<float, D, 1> var(extents<1>{4});
+  for (index_t i = 0; i < 4; ++i) var(i) = i == 2 ? -1.0f : 1.0f;
+  locus::tensor<double, D, 1> f64(extents<1>{4});
+  for (index_t i = 0; i < 4; ++i) f64(i) = 0.0;
+  auto target = blob_cnn(6);
+  const auto before = all_state(target);
+  CHECK_THROWS_WITH_AS(nn::load(write_with("1.num_batches_tracked", negative), target),
+                       doctest::Contains("buffer '1.num_batches_tracked' is negative"), locus::io_error);
+  CHECK_THROWS_WITH_AS(nn::load(write_with("1.running_var", var), target),
+                       doctest::Contains("buffer '1.running_var' holds a negative variance"), locus::io_error);
+  CHECK_THROWS_WITH_AS(nn::load(write_with("1.running_mean", f64), target),
+                       doctest::Contains("buffer '1.running_mean' is F64, but this model's is F32"), locus::io_error);
+  CHECK(all_state(target) == before);
+  // a good file loads
+  nn::load(write_with("1.running_mean", m.get<1>().running_mean()), target);
+  CHECK(all_state(target) == all_state(m));
+  std::filesystem::remove_all(dir);
+}

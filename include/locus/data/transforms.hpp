@@ -35,9 +35,13 @@ inline void check_sample(const char* what, std::size_t got, index_t c, index_t h
     throw shape_error(std::string("locus: data::") + what + " of " + std::to_string(c) + " x " + std::to_string(h) +
                       " x " + std::to_string(w) + " got a sample of " + std::to_string(got) + " floats");
 }
-/// Two 32-bit words of Philox for (key, stream number) of a transform.
+/// Philox for a transform's stream number at (seed, epoch, sample): the Philox stream
+/// is 2^63 | epoch * 2^16 | stream, distinct for every (epoch, stream) pair below 2^47
+/// epochs and 2^16 streams, and from every stream the loader's shuffle uses (the epoch).
 inline locus::detail::philox_out draw(const sample_key& k, std::uint32_t stream) {
-  return locus::detail::philox4x32(k.seed, static_cast<std::uint64_t>(k.index), (k.epoch << 8) ^ stream);
+  if (stream >= (1u << 16)) throw value_error("locus: a data transform's stream number must be below 65536");
+  return locus::detail::philox4x32(k.seed, static_cast<std::uint64_t>(k.index),
+                                   (std::uint64_t{1} << 63) | (k.epoch << 16) | stream);
 }
 }  // namespace detail
 

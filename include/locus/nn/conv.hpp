@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -395,6 +396,8 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     g.pad = o_.padding;
     g.dil = o_.dilation;
     g.groups = o_.groups;
+    if (g.h <= 0 || g.w <= 0)
+      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
     g.ho = locus::detail::conv_out_extent(g.h, k_, g.stride, g.pad, g.dil);
     g.wo = locus::detail::conv_out_extent(g.w, k_, g.stride, g.pad, g.dil);
     if (g.ho <= 0 || g.wo <= 0)
@@ -410,7 +413,7 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
     x_ = x;
     detail::ensure_numel(y_, g.n * g.k * g.hw());
-    run_forward(g, x.data_handle(), y_.data_handle());
+    run_forward(g, x.data_handle(), y_.data_handle(), buf_);
     const view y = detail::shaped(y_, extents<4>{g.n, g.k, g.ho, g.wo});
     this->run_post(x, y);
     return y;
@@ -431,8 +434,13 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
                                  g.n * g.hw());
     }
     auto [gw, fresh] = store_->grad_flat_out(w_);
-    if (use_host_path()) backward_host(g, gy.data_handle(), gw.data_handle(), fresh, gx);
-    else backward_generic(g, gy, gw, fresh, gx);
+    if (g.n == 0 || g.hw() == 0) {  // nothing to sum: the gradient is zero
+      if (fresh) locus::detail::zero_bytes<D>(gw.data_handle(), static_cast<std::size_t>(gw.numel()) * sizeof(M));
+    } else if (use_host_path()) {
+      backward_host(g, gy.data_handle(), gw.data_handle(), fresh, gx, buf_);
+    } else {
+      backward_generic(g, gy, gw, fresh, gx, buf_);
+    }
     if (!need_input_grad) return {};
     return detail::shaped(gx_, x_.shape());
   }
@@ -442,7 +450,8 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     const auto g = geometry(x.shape());
     if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
     tensor<C, D, 4> y(extents<4>{g.n, g.k, g.ho, g.wo});
-    run_forward(g, x.data_handle(), y.data_handle());
+    buffers b;  // its own: infer is const, and may run on several threads at once
+    run_forward(g, x.data_handle(), y.data_handle(), b);
     this->run_post(x, std::as_const(y).view());
     return y;
   }
@@ -455,6 +464,14 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   // The host GEMMs compute in f64 for f64 and in f32 otherwise (f16 / bf16 widened).
   using G = std::conditional_t<std::is_same_v<C, double>, double, float>;
   static constexpr bool host_device = std::is_same_v<typename D::execution, locus::detail::host_execution>;
+  using O = std::conditional_t<is_half_v<C>, float, C>;  // the generic path's GEMM output dtype
+  /// The buffers of one call: host per-thread scratch and widened weights; the generic
+  /// path's columns, GEMM output and column gradient.
+  struct buffers {
+    tensor<G, D, 1> scratch, wg;
+    tensor<C, D, 1> col;
+    tensor<O, D, 1> out, dcol;
+  };
 
   static bool use_host_path() noexcept { return detail::host_path<D>(); }
 
@@ -466,22 +483,22 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   const C* bias_ptr() const { return o_.bias ? store_->template compute<1>(b_).data_handle() : nullptr; }
 
   /// The compute weights as G (a widened copy for f16 / bf16, the weights themselves otherwise).
-  const G* weights_g() const {
+  const G* weights_g(buffers& b) const {
     const C* w = weight().data_handle();
     if constexpr (std::is_same_v<C, G>) {
       return w;
     } else {
       const index_t n = store_->entries()[w_].numel;
-      detail::ensure_numel(wg_, n);
-      for (index_t i = 0; i < n; ++i) wg_.data_handle()[i] = static_cast<G>(locus::detail::load(w[i]));
-      return wg_.data_handle();
+      detail::ensure_numel(b.wg, n);
+      for (index_t i = 0; i < n; ++i) b.wg.data_handle()[i] = static_cast<G>(locus::detail::load(w[i]));
+      return b.wg.data_handle();
     }
   }
 
-  void run_forward(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+  void run_forward(const locus::detail::conv_geometry& g, const C* x, C* y, buffers& b) const {
     if (g.n == 0) return;
-    if (use_host_path()) forward_host(g, x, y);
-    else forward_generic(g, x, y);
+    if (use_host_path()) forward_host(g, x, y, b);
+    else forward_generic(g, x, y, b);
   }
 
   // ---- host: a chunk of samples per task, side by side in one GEMM per group ----
@@ -511,16 +528,16 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     return chunks >= 2 ? (chunks < t ? static_cast<int>(chunks) : t) : 1;
   }
 
-  void forward_host(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+  void forward_host(const locus::detail::conv_geometry& g, const C* x, C* y, buffers& b) const {
     if constexpr (host_device) {
-      const G* w = weights_g();
-      const C* b = bias_ptr();
+      const G* w = weights_g(b);
+      const C* bias = bias_ptr();
       const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
       const index_t chunk = chunk_of(g), ld = chunk * hw;
       const int threads = threads_for((g.n + chunk - 1) / chunk);
       const index_t per = depth * ld + kg * ld;
-      detail::ensure_numel(scratch_, per * threads);
-      G* const scratch = scratch_.data_handle();
+      detail::ensure_numel(b.scratch, per * threads);
+      G* const scratch = b.scratch.data_handle();
       over_chunks(g, chunk, threads, [&](index_t n0, index_t count, int t) {
         G* col = scratch + per * t;
         G* out = col + depth * ld;
@@ -532,7 +549,7 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
                                       detail::op<G>(col, ld, 1), {out, 0, ld, 1});
           for (index_t s = 0; s < count; ++s)
             for (index_t co = 0; co < kg; ++co) {
-              const G bv = b ? static_cast<G>(locus::detail::load(b[grp * kg + co])) : G(0);
+              const G bv = bias ? static_cast<G>(locus::detail::load(bias[grp * kg + co])) : G(0);
               const G* o = out + co * ld + s * hw;
               C* yo = y + ((n0 + s) * g.k + grp * kg + co) * hw;
               for (index_t j = 0; j < hw; ++j) yo[j] = locus::detail::store<C>(o[j] + bv);
@@ -542,9 +559,9 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     }
   }
 
-  void backward_host(const locus::detail::conv_geometry& g, const C* gy, M* gw, bool fresh, C* gx) {
+  void backward_host(const locus::detail::conv_geometry& g, const C* gy, M* gw, bool fresh, C* gx, buffers& b) {
     if constexpr (host_device) {
-      const G* w = weights_g();
+      const G* w = weights_g(b);
       const C* x = x_.data_handle();
       const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
       const index_t wsize = g.k * depth, plane = g.cg() * g.h * g.w;
@@ -554,8 +571,8 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
       // per thread: its weight gradient, the columns, their gradient, dy side by side,
       // dx of one group (f16 / bf16)
       const index_t per = wsize + depth * ld + (gx ? depth * ld : 0) + kg * ld + (direct ? 0 : plane);
-      detail::ensure_numel(scratch_, per * threads);
-      G* const scratch = scratch_.data_handle();
+      detail::ensure_numel(b.scratch, per * threads);
+      G* const scratch = b.scratch.data_handle();
       for (int t = 0; t < threads; ++t)
         for (index_t j = 0; j < wsize; ++j) scratch[per * t + j] = G(0);
       over_chunks(g, chunk, threads, [&](index_t n0, index_t count, int t) {
@@ -606,61 +623,60 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   }
 
   // ---- every device: per-sample matmul_into around the im2col / col2im kernels ----
-  using O = std::conditional_t<is_half_v<C>, float, C>;  // the GEMM's output dtype
   template <class T, std::size_t R>
   static tensor_view<T, D, R> raw(T* p, const extents<R>& s, const extents<R>& st) {
     return {locus::detail::raw_view_key{}, p, s, st};
   }
 
-  void forward_generic(const locus::detail::conv_geometry& g, const C* x, C* y) const {
+  void forward_generic(const locus::detail::conv_geometry& g, const C* x, C* y, buffers& b) const {
     const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
-    detail::ensure_numel(gcol_, depth * hw);
+    detail::ensure_numel(b.col, depth * hw);
     constexpr bool direct = std::is_same_v<C, O>;
     O* out = nullptr;
     if constexpr (direct) {
       out = y;
     } else {
-      detail::ensure_numel(gout_, g.n * g.k * hw);
-      out = gout_.data_handle();
+      detail::ensure_numel(b.out, g.n * g.k * hw);
+      out = b.out.data_handle();
     }
     const C* w = weight().data_handle();
     for (index_t n = 0; n < g.n; ++n) {
       for (index_t grp = 0; grp < g.groups; ++grp) {
         locus::detail::launch_n<D>(depth * hw, locus::detail::im2col_kernel<C, C>{
-                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, gcol_.data_handle(), g});
+                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, b.col.data_handle(), g});
         const auto wv = raw<const C, 2>(w + grp * kg * depth, {kg, depth}, {depth, 1});
-        const auto cv = raw<const C, 2>(gcol_.data_handle(), {depth, hw}, {hw, 1});
+        const auto cv = raw<const C, 2>(b.col.data_handle(), {depth, hw}, {hw, 1});
         matmul_into(raw<O, 2>(out + (n * g.k + grp * kg) * hw, {kg, hw}, {hw, 1}), wv, cv);
       }
     }
-    const C* b = bias_ptr();
-    if (b || !direct)
-      locus::detail::launch_n<D>(g.n * g.k * hw, locus::detail::add_channel_bias_kernel<O, C>{out, b, y, g.k, hw});
+    const C* bias = bias_ptr();
+    if (bias || !direct)
+      locus::detail::launch_n<D>(g.n * g.k * hw, locus::detail::add_channel_bias_kernel<O, C>{out, bias, y, g.k, hw});
   }
 
   void backward_generic(const locus::detail::conv_geometry& g, const view& gy, tensor_view<M, D, 1> gw, bool fresh,
-                        C* gx) {
+                        C* gx, buffers& b) {
     static_assert(std::is_same_v<O, M>, "locus: conv2d's weight gradient is the GEMM's output dtype");
     const index_t depth = g.depth(), hw = g.hw(), kg = g.kg();
-    detail::ensure_numel(gcol_, depth * hw);
-    if (gx) detail::ensure_numel(gdcol_, depth * hw);
+    detail::ensure_numel(b.col, depth * hw);
+    if (gx) detail::ensure_numel(b.dcol, depth * hw);
     const C* w = weight().data_handle();
     const C* x = x_.data_handle();
     bool first = fresh;
     for (index_t n = 0; n < g.n; ++n) {
       for (index_t grp = 0; grp < g.groups; ++grp) {
         locus::detail::launch_n<D>(depth * hw, locus::detail::im2col_kernel<C, C>{
-                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, gcol_.data_handle(), g});
+                                                   x + (n * g.c + grp * g.cg()) * g.h * g.w, b.col.data_handle(), g});
         const auto dy = raw<const C, 2>(gy.data_handle() + (n * g.k + grp * kg) * hw, {kg, hw}, {hw, 1});
-        const auto colt = raw<const C, 2>(gcol_.data_handle(), {hw, depth}, {1, hw});  // col^T
+        const auto colt = raw<const C, 2>(b.col.data_handle(), {hw, depth}, {1, hw});  // col^T
         auto dw = raw<M, 2>(gw.data_handle() + grp * kg * depth, {kg, depth}, {depth, 1});
         if (first) matmul_into(dw, dy, colt);
         else matmul_into(dw, dy, colt, locus::accumulate);
         if (gx) {
           const auto wt = raw<const C, 2>(w + grp * kg * depth, {depth, kg}, {1, depth});  // w_g^T
-          matmul_into(raw<O, 2>(gdcol_.data_handle(), {depth, hw}, {hw, 1}), wt, dy);
+          matmul_into(raw<O, 2>(b.dcol.data_handle(), {depth, hw}, {hw, 1}), wt, dy);
           locus::detail::launch_n<D>(g.cg() * g.h * g.w, locus::detail::col2im_kernel<O, C>{
-                                                              gdcol_.data_handle(),
+                                                              b.dcol.data_handle(),
                                                               gx + (n * g.c + grp * g.cg()) * g.h * g.w, g});
         }
       }
@@ -674,9 +690,7 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   parameter_store<D, policy>* store_ = nullptr;
   view x_;
   tensor<C, D, 1> y_, gx_;
-  mutable tensor<G, D, 1> scratch_, wg_;  // host: per-thread buffers, widened weights
-  mutable tensor<C, D, 1> gcol_;          // generic path: one sample group's columns
-  mutable tensor<O, D, 1> gout_, gdcol_;
+  buffers buf_;  // forward's and backward's (infer makes its own)
 };
 
 /// pooling's options: the stride (-1: the kernel size, PyTorch's default) and padding
@@ -741,6 +755,11 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
     locus::detail::pool_geometry g = g_;
     g.h = s[2];
     g.w = s[3];
+    if (g.h <= 0 || g.w <= 0)
+      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
+    if (g.h * g.w > static_cast<index_t>(std::numeric_limits<std::int32_t>::max()))
+      throw shape_error("locus: " + describe() + ": planes of more than 2^31 - 1 elements are not supported (the "
+                        "maximum's position is kept as a 32-bit index), but the input is " + detail::dims4(s));
     g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
     g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
     if (g.ho <= 0 || g.wo <= 0)
@@ -844,6 +863,8 @@ class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
     locus::detail::pool_geometry g = g_;
     g.h = s[2];
     g.w = s[3];
+    if (g.h <= 0 || g.w <= 0)
+      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
     g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
     g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
     if (g.ho <= 0 || g.wo <= 0)
@@ -1110,6 +1131,16 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
     const extents<4> s = x.shape();
     detail::check_channels(describe(), c_, s);
     if (!x.is_contiguous()) throw shape_error("locus: " + describe() + " needs a contiguous input");
+    if (s[0] == 0) {  // an empty batch: an empty output, the statistics unchanged (as PyTorch)
+      x_ = x;
+      relu_ = act == detail::act_kind::relu;
+      empty_ = true;
+      detail::ensure_numel(y_, 0);
+      const view y = detail::shaped(y_, s);
+      this->run_post(x, y);
+      return y;
+    }
+    empty_ = false;
     if (s[0] * s[2] * s[3] <= 1)
       throw shape_error("locus: " + describe() + " in training needs more than one value per channel, but the input " +
                         detail::dims4(s) + " has " + std::to_string(s[0] * s[2] * s[3]));
@@ -1135,6 +1166,16 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
       throw shape_error("locus: " + describe() + " backward got a gradient of shape " + detail::dims4(gy.shape()) +
                         " for an output of shape " + detail::dims4(s));
     if (need_input_grad) detail::ensure_numel(gx_, x_.numel());
+    if (empty_) {  // no samples: zero parameter gradients
+      if (o_.affine) {
+        for (const std::size_t i : {w_, b_}) {
+          auto [g, fresh] = store_->grad_flat_out(i);
+          if (fresh) locus::detail::zero_bytes<D>(g.data_handle(), static_cast<std::size_t>(g.numel()) * sizeof(M));
+        }
+      }
+      if (!need_input_grad) return {};
+      return detail::shaped(gx_, s);
+    }
     M *dg = nullptr, *db = nullptr;
     bool dg_fresh = false, db_fresh = false;
     if (o_.affine) {
@@ -1186,7 +1227,7 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   tensor<C, D, 1> y_, gx_;
   tensor<M, D, 1> running_mean_, running_var_, mean_, invstd_;
   tensor<std::int64_t, D, 0> tracked_;
-  bool relu_ = false;
+  bool relu_ = false, empty_ = false;
 };
 
 /// layer_norm's options (PyTorch's nn.LayerNorm over the last axis).

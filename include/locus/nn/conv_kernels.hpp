@@ -319,8 +319,8 @@ struct adaptive_avg_backward_kernel {
 /// with relu: sequential fuses a relu that follows), the saved mean and 1 / sqrt(var +
 /// eps) for backward, and the running statistics' update (PyTorch's: the unbiased
 /// variance, weight `momentum`). The statistics take one pass: each row's sums of
-/// d = x - K and d * d in the compute dtype (K, the channel's first value, keeps d small
-/// whatever the mean), the rows' sums in f64.
+/// d = x - K and d * d in the compute dtype (K, the mean of the channel's first plane,
+/// keeps d small whatever the mean), the rows' sums in f64.
 template <class T, class M>
 struct batch_norm_train_kernel {
   const T* x;
@@ -337,7 +337,10 @@ struct batch_norm_train_kernel {
   LOCUS_HOST_DEVICE void operator()(index_t ch) const {
     using V = compute_t<T>;
     const double count = static_cast<double>(n * hw);
-    const V k = load(x[ch * hw]);
+    // the shift: the mean of the channel's first plane (a typical value, not one outlier)
+    V k0 = V(0);
+    for (index_t j = 0; j < hw; ++j) k0 += load(x[ch * hw + j]);
+    const V k = hw > 0 ? k0 / static_cast<V>(hw) : V(0);
     double s1 = 0.0, s2 = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
@@ -353,7 +356,7 @@ struct batch_norm_train_kernel {
     const double md = s1 / count;
     const double mean = static_cast<double>(k) + md;
     double var = s2 / count - md * md;
-    var = var > 0.0 ? var : 0.0;
+    var = var < 0.0 ? 0.0 : var;  // rounding below zero; NaN stays NaN
     const double invstd = 1.0 / ::sqrt(var + eps);
     const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
     const V scale = static_cast<V>(invstd * gm), shift = static_cast<V>(bt - mean * invstd * gm);
@@ -363,7 +366,7 @@ struct batch_norm_train_kernel {
       if (relu) {
         for (index_t j = 0; j < hw; ++j) {
           const V v = load(p[j]) * scale + shift;
-          o[j] = store<T>(v > V(0) ? v : V(0));
+          o[j] = store<T>(v < V(0) ? V(0) : v);  // op::relu's: NaN stays NaN
         }
       } else {
         for (index_t j = 0; j < hw; ++j) o[j] = store<T>(load(p[j]) * scale + shift);
@@ -396,7 +399,7 @@ struct batch_norm_infer_kernel {
     const double invstd = 1.0 / ::sqrt(static_cast<double>(var[ch]) + eps);
     const double gm = gamma ? static_cast<double>(gamma[ch]) : 1.0, bt = beta ? static_cast<double>(beta[ch]) : 0.0;
     double v = (static_cast<double>(load(x[i])) - static_cast<double>(mean[ch])) * invstd * gm + bt;
-    if (relu && !(v > 0.0)) v = 0.0;
+    if (relu && v < 0.0) v = 0.0;  // op::relu's: NaN stays NaN
     y[i] = store<T>(static_cast<compute_t<T>>(v));
   }
 };
@@ -472,9 +475,9 @@ struct batch_norm_backward_kernel {
 
 // ---- layer normalisation (over the last axis) ---------------------------------------
 
-/// One row per call: mean and biased variance over its f features (shifted one-pass
-/// sums, as batch norm), y = (x - mean) / sqrt(var + eps) * gamma + beta, the saved mean
-/// and 1 / sqrt(var + eps).
+/// One row per call: mean and biased variance over its f features (two passes in f64:
+/// a row is short and in cache), y = (x - mean) / sqrt(var + eps) * gamma + beta, the
+/// saved mean and 1 / sqrt(var + eps).
 template <class T, class M>
 struct layer_norm_forward_kernel {
   const T* x;
@@ -488,17 +491,15 @@ struct layer_norm_forward_kernel {
   LOCUS_HOST_DEVICE void operator()(index_t r) const {
     using V = compute_t<T>;
     const T* p = x + r * f;
-    const V k = load(p[0]);
-    V s1 = V(0), s2 = V(0);
+    double s1 = 0.0;
+    for (index_t j = 0; j < f; ++j) s1 += static_cast<double>(load(p[j]));
+    const double mean = s1 / static_cast<double>(f);
+    double s2 = 0.0;
     for (index_t j = 0; j < f; ++j) {
-      const V d = load(p[j]) - k;
-      s1 += d;
+      const double d = static_cast<double>(load(p[j])) - mean;
       s2 += d * d;
     }
-    const double md = static_cast<double>(s1) / static_cast<double>(f);
-    const double mean = static_cast<double>(k) + md;
-    double var = static_cast<double>(s2) / static_cast<double>(f) - md * md;
-    var = var > 0.0 ? var : 0.0;
+    const double var = s2 / static_cast<double>(f);
     const double invstd = 1.0 / ::sqrt(var + eps);
     T* o = y + r * f;
     for (index_t j = 0; j < f; ++j) {

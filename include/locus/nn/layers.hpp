@@ -101,10 +101,11 @@ tensor_view<T, D, 2> as_rows(const tensor_view<T, D, R>& x) noexcept {
     return {::locus::detail::raw_view_key{}, x.data_handle(), extents<2>{b, rest}};
   }
 }
-/// A flat buffer of at least n elements (reallocated only when it is too small or empty).
+/// A flat buffer of at least n elements (reallocated only when it is too small, so a
+/// layer whose calls need different sizes stops allocating after the largest).
 template <class T, class D>
 void ensure_numel(tensor<T, D, 1>& t, index_t n) {
-  if (t.numel() != n || t.data_handle() == nullptr) {
+  if (t.numel() < n || t.data_handle() == nullptr) {
     t = tensor<T, D, 1>();
     t = tensor<T, D, 1>(extents<1>{n});
   }
@@ -122,6 +123,14 @@ inline std::string shape_list(const std::vector<index_t>& s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
+}
+
+/// Element-wise layers index their input linearly: a strided view is refused.
+template <class V>
+void check_contiguous(const V& x) {
+  if (!x.is_contiguous())
+    throw shape_error("locus: an element-wise layer (activation, dropout) got a non-contiguous view of shape " +
+                      locus::detail::shape_string(x.shape()) + "; pass a contiguous tensor (x.clone())");
 }
 
 template <class D>
@@ -326,6 +335,7 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
 
   template <std::size_t R>
   view_of<R> forward(const view_of<R>& x) {
+    check_contiguous(x);
     if (this->has_hooks()) this->run_pre(as_rows(x));
     fused_ = false;
     x_ = x.data_handle();
@@ -351,6 +361,7 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
 
   template <std::size_t R>
   tensor<C, D, R> infer(const view_of<R>& x) const {
+    check_contiguous(x);
     if (this->has_hooks()) this->run_pre(as_rows(x));
     tensor<C, D, R> y(x.shape());
     locus::detail::launch_n<D>(x.numel(), locus::detail::act_forward_kernel<C>{x.data_handle(), y.data_handle(), Kind});
@@ -421,6 +432,7 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
 
   template <std::size_t R>
   view_of<R> forward(const view_of<R>& x) {
+    detail::check_contiguous(x);
     if (this->has_hooks()) this->run_pre(detail::as_rows(x));
     stream_ = counter_++;
     detail::ensure_numel(y_, x.numel());
@@ -745,19 +757,24 @@ class sequential {
 
   /// The channel and feature counts, layer to layer, as far as they are known without an
   /// input (output_width(-1): unknown, e.g. after a flatten).
-  void check_widths() const {
-    index_t w = -1;
-    std::size_t i = 0;
-    const auto one = [&](const auto& l) {
-      try {
-        w = l.output_width(w);
-      } catch (const shape_error& e) {
-        throw shape_error(position(i) + without_prefix(e.what()) +
-                          (i > 0 ? " (the output of the layer before it)" : ""));
+  /// The width is the channels at rank 4 and the features at rank 2; a layer that takes
+  /// any rank and reads the last axis (layer_norm) is checked only where that axis is
+  /// the width (rank 2), and keeps the channels elsewhere.
+  void check_widths() const { check_widths_from<0>(-1); }
+  template <std::size_t I>
+  void check_widths_from(index_t w) const {
+    if constexpr (I < size) {
+      const auto& l = std::get<I>(layers_);
+      index_t next = w;
+      if (layer_t<I>::input_rank != 0 || rank_at<I> == 2) {
+        try {
+          next = l.output_width(w);
+        } catch (const shape_error& e) {
+          throw shape_error(position(I) + without_prefix(e.what()) + (I > 0 ? " (the output of the layer before it)" : ""));
+        }
       }
-      ++i;
-    };
-    std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
+      check_widths_from<I + 1>(next);
+    }
   }
 
   template <class F>
@@ -775,6 +792,8 @@ class sequential {
     if (shape.size() != input_rank)
       throw shape_error("locus: this model takes rank-" + std::to_string(input_rank) + " input, but the shape " +
                         detail::shape_list(shape) + " has rank " + std::to_string(shape.size()));
+    for (const index_t e : shape)
+      if (e < 0) throw shape_error("locus: the input shape " + detail::shape_list(shape) + " has a negative extent");
     std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
     last_shape_ = shape;
   }

@@ -17,6 +17,8 @@
 // refreshes the compute copy with a kernel). Needs nlohmann-json (LOCUS_HAS_JSON).
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <type_traits>
@@ -86,11 +88,44 @@ std::string buffer_mismatches(const io::archive<AD>& a, const Model& m, const st
       continue;
     }
     const io::tensor_info& f = a.info(b.name);
-    if (f.shape != b.shape || f.dtype != b.dtype)
+    if (f.shape != b.shape)
       out += "\n  " + b.name + ": model " + b.dtype + " " + io::detail::shape_text(b.shape) + ", " + what + " " +
              io::detail::printable(f.dtype) + " " + f.shape_string();
   }
   return out;
+}
+
+/// After buffer_mismatches found none: io_error for a buffer of another dtype, or with
+/// values no run writes (a negative running variance, a negative num_batches_tracked):
+/// a corrupt file. NaN is kept: a run fed a NaN batch writes it (as PyTorch's does).
+template <Device AD, class Model>
+void check_buffer_values(const io::archive<AD>& a, const Model& m) {
+  for (const auto& b : buffers_of(m)) {
+    const io::tensor_info& f = a.info(b.name);
+    if (f.dtype != b.dtype)
+      throw io_error("locus: '" + a.path() + "': buffer '" + b.name + "' is " + io::detail::printable(f.dtype) +
+                     ", but this model's is " + b.dtype + "; load it into a model of the policy it was saved from");
+    const auto ends = [&](const std::string& suffix) {
+      return b.name.size() >= suffix.size() && b.name.compare(b.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const auto bad = [&](const std::string& why) {
+      throw io_error("locus: '" + a.path() + "' is corrupt: buffer '" + b.name + "' " + why);
+    };
+    if (b.dtype == "I64") {
+      const auto h = to<cpu>(a.template flat<std::int64_t>(b.name));
+      for (index_t i = 0; i < h.numel(); ++i)
+        if (ends("num_batches_tracked") && h.data_handle()[i] < 0) bad("is negative");
+    } else if (b.dtype == "F32" || b.dtype == "F64") {
+      const auto check = [&](const auto& h) {
+        for (index_t i = 0; i < h.numel(); ++i) {
+          const double v = static_cast<double>(h.data_handle()[i]);
+          if (ends("running_var") && v < 0.0) bad("holds a negative variance");
+        }
+      };
+      if (b.dtype == "F32") check(to<cpu>(a.template flat<float>(b.name)));
+      else check(to<cpu>(a.template flat<double>(b.name)));
+    }
+  }
 }
 
 /// Copies the archive's buffers into the model (after buffer_mismatches found none).
@@ -162,6 +197,7 @@ void load_into(const std::filesystem::path& path, Model& model) {
                                  detail::buffer_mismatches(a, model, "file");
   if (!mismatches.empty())
     throw shape_error("locus: '" + a.path() + "' holds the weights of a model of another shape:" + mismatches);
+  detail::check_buffer_values(a, model);
   for (const auto& e : store.entries()) {
     const io::tensor_info& f = a.info(e.name);
     if (f.dtype != io::detail::st_dtype<M>())

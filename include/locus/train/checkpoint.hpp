@@ -336,6 +336,7 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
                      f.shape_string() + ", expected " + dtype + " " + io::detail::shape_text(shape));
   };
   for (const auto& e : entries) expect(e.name, io::detail::st_dtype<M>(), e.shape);
+  nn::detail::check_buffer_values(a, std::as_const(model));
   t.optimizer().for_each_state([&](const char* name, tensor_view<float, D, 1>) {
     for (const auto& e : entries) expect(std::string("optimizer.") + name + "." + e.name, "F32", e.shape);
   });

@@ -354,6 +354,7 @@ class trainer {
 #endif
     auto xv = input(x);
     auto yv = target(y);
+    check_nonempty(xv);
     const bool update = micro_ + 1 == o_.accumulate;
     if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
     enqueue_step(xv, yv, update, nullptr);
@@ -660,6 +661,13 @@ class trainer {
       std::memcpy(h.data_handle(), &s, sizeof s);
       copy(h, guard_);
     }
+  }
+
+  /// A step needs samples: an empty batch has no loss to average (PyTorch's is NaN) and
+  /// would leave the gradients of the step before in place.
+  static void check_nonempty(const input_view& xv) {
+    if (xv.shape()[0] == 0)
+      throw shape_error("locus: the trainer got an empty batch (0 samples); a training step needs at least one");
   }
 
   static std::string address(const void* p) {
@@ -1056,6 +1064,7 @@ class trainer {
     try {
       auto xv = input(x);  // a cast to the compute dtype runs on the graph stream
       auto yv = target(y);
+      check_nonempty(xv);
       if (!xv.is_contiguous() || !yv.is_contiguous())
         throw shape_error("locus: the trainer's graph mode needs contiguous batches (it copies them into its "
                           "static input buffers); pass contiguous tensors, or train without cuda_graph");
