@@ -40,6 +40,37 @@ constexpr index_t conv_out_extent(index_t in, index_t kernel, index_t stride, in
   return room < 0 ? 0 : room / stride + 1;
 }
 
+/// The sums of a(j) and b(j) over j in [0, n) in eight interleaved partial sums, added
+/// in a fixed order: eight independent chains instead of one (which a compiler may not
+/// reorder without -ffast-math), the same bits on every run, thread count and device.
+template <class V, class F>
+LOCUS_HOST_DEVICE inline void sum_pairs(index_t n, F&& f, V& sa, V& sb) {
+  V a[8] = {V(0), V(0), V(0), V(0), V(0), V(0), V(0), V(0)};
+  V b[8] = {V(0), V(0), V(0), V(0), V(0), V(0), V(0), V(0)};
+  index_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int u = 0; u < 8; ++u) {
+      V x, y;
+      f(j + u, x, y);
+      a[u] += x;
+      b[u] += y;
+    }
+  }
+  V ta = V(0), tb = V(0);
+  for (; j < n; ++j) {
+    V x, y;
+    f(j, x, y);
+    ta += x;
+    tb += y;
+  }
+  for (int u = 0; u < 8; ++u) {
+    ta += a[u];
+    tb += b[u];
+  }
+  sa = ta;
+  sb = tb;
+}
+
 /// col[r, p] = x[c, ih, iw] (0 outside the input) for one sample's group: r = (c, ky, kx)
 /// over depth(), p = (oh, ow) over hw(). x points at the group's first channel.
 template <class In, class Out>
@@ -110,7 +141,7 @@ struct add_channel_bias_kernel {
 };
 
 /// db[c] (+)= the sum of gy[n, c, :] over n and the plane: a conv2d bias gradient, one
-/// channel per call, summed in A (f64 on every device: the same result on each).
+/// channel per call: each plane in the compute dtype (sum_pairs), the planes in f64.
 template <class T, class M>
 struct channel_sum_kernel {
   const T* gy;
@@ -118,12 +149,13 @@ struct channel_sum_kernel {
   index_t n, k, hw;
   bool overwrite;
   LOCUS_HOST_DEVICE void operator()(index_t c) const {
+    using V = compute_t<T>;
     double s = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = gy + (b * k + c) * hw;
-      double part = 0.0;
-      for (index_t j = 0; j < hw; ++j) part += static_cast<double>(load(p[j]));
-      s += part;
+      V part = V(0), unused = V(0);
+      sum_pairs<V>(hw, [&](index_t j, V& x, V& y) { x = load(p[j]); y = V(0); }, part, unused);
+      s += static_cast<double>(part);
     }
     db[c] = overwrite ? static_cast<M>(s) : static_cast<M>(static_cast<double>(db[c]) + s);
   }
@@ -338,18 +370,18 @@ struct batch_norm_train_kernel {
     using V = compute_t<T>;
     const double count = static_cast<double>(n * hw);
     // the shift: the mean of the channel's first plane (a typical value, not one outlier)
-    V k0 = V(0);
-    for (index_t j = 0; j < hw; ++j) k0 += load(x[ch * hw + j]);
+    V k0, unused;
+    sum_pairs<V>(hw, [&](index_t j, V& u, V& v) { u = load(x[ch * hw + j]); v = V(0); }, k0, unused);
     const V k = hw > 0 ? k0 / static_cast<V>(hw) : V(0);
     double s1 = 0.0, s2 = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
-      V r1 = V(0), r2 = V(0);
-      for (index_t j = 0; j < hw; ++j) {
+      V r1, r2;
+      sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
         const V d = load(p[j]) - k;
-        r1 += d;
-        r2 += d * d;
-      }
+        u = d;
+        v = d * d;
+      }, r1, r2);
       s1 += static_cast<double>(r1);
       s2 += static_cast<double>(r2);
     }
@@ -429,19 +461,19 @@ struct batch_norm_backward_kernel {
       const T* p = x + (b * c + ch) * hw;
       const T* d = gy + (b * c + ch) * hw;
       const T* yo = y ? y + (b * c + ch) * hw : nullptr;
-      V r1 = V(0), r2 = V(0);
+      V r1, r2;
       if (yo) {
-        for (index_t j = 0; j < hw; ++j) {
+        sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
           const V dy = load(yo[j]) > V(0) ? load(d[j]) : V(0);
-          r1 += dy;
-          r2 += dy * (load(p[j]) - mu);
-        }
+          u = dy;
+          v = dy * (load(p[j]) - mu);
+        }, r1, r2);
       } else {
-        for (index_t j = 0; j < hw; ++j) {
+        sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
           const V dy = load(d[j]);
-          r1 += dy;
-          r2 += dy * (load(p[j]) - mu);
-        }
+          u = dy;
+          v = dy * (load(p[j]) - mu);
+        }, r1, r2);
       }
       sdy += static_cast<double>(r1);
       sdyx += static_cast<double>(r2) * static_cast<double>(is);
