@@ -86,7 +86,7 @@ struct config {
   std::uint64_t seed = 0;
   std::vector<locus::index_t> hidden{512, 256};
   std::string model = "mlp";
-  bool augment = true;  // cnn: random crops and flips of the training images
+  std::string augment = "flip";  // cnn: none, flip (horizontal flips) or crop+flip (and random crops)
   std::string checkpoint_dir;
   bool resume = false;
   std::string resume_file;
@@ -163,7 +163,9 @@ config parse(int argc, char** argv) {
                  "mlp (784-512-256-10) or cnn (two 3x3 convolutions with batch norm and pooling, then 128-10)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--augment", c.augment,
-                 "cnn: random 28x28 crops of the images padded by 2, and horizontal flips (true or false)");
+                 "cnn: none, flip (horizontal flips of the training images) or crop+flip (also random crops "
+                 "of the images padded by 2)")
+      ->check(CLI::IsMember({"none", "flip", "crop+flip"}));
   app.add_option("--hidden", c.hidden, "the two hidden layers' widths, e.g. 512,256")
       ->delimiter(',')
       ->expected(2)
@@ -356,10 +358,12 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
     }
     auto lo = train_options;
     lo.batch_size = batch;
-    if (images && c.augment)
+    if (images && c.augment == "crop+flip")
       lo.transform = locus::data::compose(
           locus::data::random_crop{.channels = 1, .height = rows, .width = cols, .padding = 2},
           locus::data::horizontal_flip{.channels = 1, .height = rows, .width = cols});
+    else if (images && c.augment == "flip")
+      lo.transform = locus::data::compose(locus::data::horizontal_flip{.channels = 1, .height = rows, .width = cols});
     locus::data::loader<D> train_loader(train_set, lo);
     // Evaluation in batches of 1000, or of the training batch when auto chose a smaller one.
     const locus::index_t eval_batch =
@@ -383,7 +387,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
                                                       {"seed", std::to_string(c.seed)},
                                                       {"hidden", hidden_text},
                                                       {"model", c.model},
-                                                      {"augment", c.model == "cnn" ? (c.augment ? "true" : "false") : "-"},
+                                                      {"augment", c.model == "cnn" ? c.augment : std::string("-")},
                                                       // the steps per epoch (and the schedule) follow the ranks
                                                       {"ranks", std::to_string(world)}};
     std::int64_t first_epoch = 0;
@@ -442,7 +446,8 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       std::printf("model: CNN (conv 32, conv 64, 128, %lld), %lld parameters; %s on %s, batch %lld x %d, %d epochs%s\n",
                   static_cast<long long>(classes), static_cast<long long>(model.parameters().parameter_count()),
                   std::string(P::name).c_str(), std::string(D::name).c_str(), static_cast<long long>(batch),
-                  c.accumulate, c.epochs, c.augment ? ", augmented (crops, flips)" : "");
+                  c.accumulate, c.epochs,
+                  c.augment == "none" ? "" : c.augment == "flip" ? ", augmented (flips)" : ", augmented (crops, flips)");
     else
       std::printf("model: %lld-%lld-%lld-%lld MLP, %lld parameters; %s on %s, batch %lld x %d, %d epochs\n",
                   static_cast<long long>(features), static_cast<long long>(c.hidden[0]),
