@@ -713,6 +713,10 @@ TEST_CASE("batch_norm2d followed by relu runs fused: the same bits as unfused, g
 }
 
 TEST_CASE("conv2d's host path over several chunks of samples and threads: against the generic path and finite differences") {
+  struct chunk_guard {
+    explicit chunk_guard(index_t c) { nn::detail::conv_host_chunk() = c; }
+    ~chunk_guard() { nn::detail::conv_host_chunk() = 1; }
+  } chunks(4);  // samples side by side, four per task
   for (const auto& shape : {extents<4>{25, 3, 10, 10}, extents<4>{5, 3, 32, 32}, extents<4>{13, 4, 7, 9}}) {
     CAPTURE(shape[0]);
     nn::sequential m(nn::conv2d<D, P32>(shape[1], 6, 3, {.padding = 1, .groups = shape[1] == 4 ? 2 : 1}));
@@ -737,7 +741,7 @@ TEST_CASE("conv2d's host path over several chunks of samples and threads: agains
   }
   nn::sequential m(nn::conv2d<D, P64>(1, 2, 3, {.stride = 1, .padding = 1}));
   m.reset_parameters(4);
-  auto x = filled<double, 4>({3, 1, 32, 32}, 0.25);  // a sample per chunk: 3 chunks
+  auto x = filled<double, 4>({7, 1, 32, 32}, 0.25);  // chunks of 4 and 3
   gradient_check(m, x, 1e-6, 37);
 }
 

@@ -10,10 +10,10 @@
 // conv2d: weight [out, in / groups, k, k] and bias [out], initialised as PyTorch's
 // nn.Conv2d (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * k * k); stride,
 // padding, dilation and groups as PyTorch's. The GEMM is the device's (host BLAS or
-// oneDNN, cuBLASLt on cuda) on im2col columns: on host devices a chunk of samples per
-// OpenMP task (their columns side by side in that thread's buffer, so that one
-// single-threaded GEMM per group has about 1024 columns even for small planes; the
-// weight gradient summed per thread and then in thread order), with every buffer owned
+// oneDNN, cuBLASLt on cuda) on im2col columns: on host devices a sample per OpenMP
+// task (its columns in that thread's buffer, a single-threaded GEMM per group; the code
+// can put several samples side by side, which measured slower here; the weight
+// gradient summed per thread and then in thread order), with every buffer owned
 // by the layer and reused, so a steady-state step allocates nothing; on cuda (and on the
 // host through detail::conv_generic_path, which the tests use) a loop over samples of
 // the one-source im2col and col2im kernels around matmul_into. cuDNN is not used.
@@ -57,6 +57,12 @@ namespace detail {
 inline std::atomic<bool>& conv_generic_path() noexcept {
   static std::atomic<bool> on{false};
   return on;
+}
+
+/// Samples per task on conv2d's host path (default 1; tests set more).
+inline std::atomic<index_t>& conv_host_chunk() noexcept {
+  static std::atomic<index_t> chunk{1};
+  return chunk;
 }
 
 template <class D>
@@ -507,9 +513,12 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   // gradient's GEMM that depth) instead of hw: small planes still make GEMMs large
   // enough to run near the library's speed. Each thread owns its buffers; chunks are
   // split over threads statically (the same split, and bits, for the same thread count).
+  // Measured (bench/cnn-run, 2 cores): chunks of about 1024 columns made the 3x3 64-channel
+  // layer 10-20% slower than one sample per task (the columns outgrow L2, and backward
+  // gathers dy), so the chunk is one sample until a shape shows otherwise.
   [[nodiscard]] static index_t chunk_of(const locus::detail::conv_geometry& g) noexcept {
-    const index_t want = (1024 + g.hw() - 1) / g.hw();
-    return want < 1 ? 1 : want > g.n ? (g.n < 1 ? 1 : g.n) : want;
+    const index_t c = detail::conv_host_chunk().load(std::memory_order_relaxed);
+    return c <= 1 ? 1 : c > g.n ? (g.n < 1 ? 1 : g.n) : c;
   }
   template <class F>
   static void over_chunks(const locus::detail::conv_geometry& g, index_t chunk, int threads, F&& f) {
@@ -583,21 +592,30 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
         G* dxb = dyc + kg * ld;
         const index_t cols = count * hw;
         for (index_t grp = 0; grp < g.groups; ++grp) {
+          // one sample in f32 / f64: dy_g is already [kg, hw] in place, no gather
+          const bool in_place = direct && ld == hw;  // one sample per task
+          const G* dyg = nullptr;
           for (index_t s = 0; s < count; ++s) {
             detail::im2col_host(x + ((n0 + s) * g.c + grp * g.cg()) * g.h * g.w, col + s * hw, g, ld);
+            if (in_place) continue;
             for (index_t co = 0; co < kg; ++co) {
               const C* d = gy + ((n0 + s) * g.k + grp * kg + co) * hw;
               G* r = dyc + co * ld + s * hw;
               for (index_t j = 0; j < hw; ++j) r[j] = static_cast<G>(locus::detail::load(d[j]));
             }
           }
+          if (in_place) {
+            if constexpr (direct) dyg = gy + (n0 * g.k + grp * kg) * hw;
+          } else {
+            dyg = dyc;
+          }
           // dw_g += dy_g [kg, cols] x col^T [cols, depth]
-          locus::detail::host_gemm<G>(1, kg, depth, cols, detail::op<G>(dyc, ld, 1), detail::op<G>(col, 1, ld),
+          locus::detail::host_gemm<G>(1, kg, depth, cols, detail::op<G>(dyg, ld, 1), detail::op<G>(col, 1, ld),
                                       {dw + grp * kg * depth, 0, depth, 1}, true);
           if (!gx) continue;
           // dcol = w_g^T [depth, kg] x dy_g [kg, cols], then col2im into each sample's dx
           locus::detail::host_gemm<G>(1, depth, cols, kg, detail::op(w + grp * kg * depth, 1, depth),
-                                      detail::op<G>(dyc, ld, 1), {dcol, 0, ld, 1});
+                                      detail::op<G>(dyg, ld, 1), {dcol, 0, ld, 1});
           for (index_t s = 0; s < count; ++s) {
             C* dxc = gx + ((n0 + s) * g.c + grp * g.cg()) * g.h * g.w;
             if constexpr (direct) {
