@@ -25,6 +25,10 @@
 // running_var and num_batches_tracked as buffers under PyTorch's names. flatten: rank 4
 // to rank 2 [batch, channels * height * width], a view (no copy) in training.
 //
+// Batch norm updates its running statistics in every training forward, also in a step the
+// trainer then refuses (a non-finite gradient) or a grad scaler skips, as PyTorch's does:
+// the weights are those before such a step, the running statistics are not.
+//
 // Bad input: a channel count that does not match is a shape_error naming the layer and
 // both counts (at construction when the previous layer's width is known, otherwise at
 // the first batch); a kernel larger than the padded input, a zero stride, groups that
