@@ -739,37 +739,15 @@ class pool_base : public hooks<D, typename locus::detail::checked_policy_t<Polic
   [[nodiscard]] index_t output_width(index_t in) const noexcept { return in; }
   [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
 };
-}  // namespace detail
 
-/// Max pooling over k x k windows (PyTorch's nn.MaxPool2d without dilation or ceil_mode).
-template <Device D, class Policy>
-class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
-  using base = detail::pool_base<max_pool2d<D, Policy>, D, Policy>;
-
+/// What max and average pooling share: a k x k window with stride and padding, checked
+/// once (validate(), from the derived constructor: the messages use its describe()), and
+/// the geometry of an input.
+template <class Derived, Device D, class Policy>
+class window_pool : public pool_base<Derived, D, Policy> {
  public:
-  using typename base::C;
-  using typename base::view;
-  static constexpr const char* layer_name = "max_pool2d";
-
-  explicit max_pool2d(index_t kernel_size, pool2d_options o = {}) : g_{} {
-    g_.k = kernel_size;
-    g_.stride = o.stride == -1 ? kernel_size : o.stride;
-    g_.pad = o.padding;
-    if (kernel_size <= 0) throw shape_error("locus: " + describe() + ": needs a positive kernel size");
-    if (g_.stride <= 0)
-      throw shape_error("locus: " + describe() + ": stride must be at least 1, got " + std::to_string(g_.stride));
-    if (g_.pad < 0 || 2 * g_.pad > g_.k)
-      throw shape_error("locus: " + describe() + ": padding must be in [0, kernel_size / 2], got " +
-                        std::to_string(g_.pad));
-  }
-  [[nodiscard]] std::string describe() const {
-    std::string s = "max_pool2d(" + std::to_string(g_.k);
-    if (g_.stride != g_.k) s += ", stride=" + std::to_string(g_.stride);
-    if (g_.pad) s += ", padding=" + std::to_string(g_.pad);
-    return s + ")";
-  }
   [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
-    detail::check_rank4(describe(), in);
+    check_rank4(self().describe(), in);
     const auto g = geometry(extents<4>{in[0], in[1], in[2], in[3]});
     return {in[0], in[1], g.ho, g.wo};
   }
@@ -778,16 +756,60 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
     g.h = s[2];
     g.w = s[3];
     if (g.h <= 0 || g.w <= 0)
-      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
-    if (g.h * g.w > static_cast<index_t>(std::numeric_limits<std::int32_t>::max()))
-      throw shape_error("locus: " + describe() + ": planes of more than 2^31 - 1 elements are not supported (the "
-                        "maximum's position is kept as a 32-bit index), but the input is " + detail::dims4(s));
+      throw shape_error("locus: " + self().describe() + " got an empty input plane " + dims4(s));
+    if (Derived::positions_32bit && g.h * g.w > static_cast<index_t>(std::numeric_limits<std::int32_t>::max()))
+      throw shape_error("locus: " + self().describe() + ": planes of more than 2^31 - 1 elements are not supported "
+                        "(the maximum's position is kept as a 32-bit index), but the input is " + dims4(s));
     g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
     g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
     if (g.ho <= 0 || g.wo <= 0)
-      throw shape_error("locus: " + describe() + ": the window is larger than the padded input " + detail::dims4(s));
+      throw shape_error("locus: " + self().describe() + ": the window is larger than the padded input " + dims4(s));
     return g;
   }
+
+ protected:
+  window_pool(index_t kernel_size, index_t stride, index_t padding) : g_{} {
+    g_.k = kernel_size;
+    g_.stride = stride == -1 ? kernel_size : stride;
+    g_.pad = padding;
+  }
+  void validate() const {
+    const std::string d = self().describe();
+    if (g_.k <= 0) throw shape_error("locus: " + d + ": needs a positive kernel size");
+    if (g_.stride <= 0) throw shape_error("locus: " + d + ": stride must be at least 1, got " + std::to_string(g_.stride));
+    if (g_.pad < 0 || 2 * g_.pad > g_.k)
+      throw shape_error("locus: " + d + ": padding must be in [0, kernel_size / 2], got " + std::to_string(g_.pad));
+  }
+  /// "name(k[, stride=s][, padding=p]" (the caller closes it).
+  [[nodiscard]] std::string window_text(const char* name) const {
+    std::string s = std::string(name) + "(" + std::to_string(g_.k);
+    if (g_.stride != g_.k) s += ", stride=" + std::to_string(g_.stride);
+    if (g_.pad) s += ", padding=" + std::to_string(g_.pad);
+    return s;
+  }
+  locus::detail::pool_geometry g_;
+
+ private:
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+};
+}  // namespace detail
+
+/// Max pooling over k x k windows (PyTorch's nn.MaxPool2d without dilation or ceil_mode).
+template <Device D, class Policy>
+class max_pool2d : public detail::window_pool<max_pool2d<D, Policy>, D, Policy> {
+  using base = detail::window_pool<max_pool2d<D, Policy>, D, Policy>;
+
+ public:
+  using typename base::C;
+  using typename base::view;
+  using base::geometry;
+  static constexpr const char* layer_name = "max_pool2d";
+  static constexpr bool positions_32bit = true;  // the maximum's position is an int32
+
+  explicit max_pool2d(index_t kernel_size, pool2d_options o = {}) : base(kernel_size, o.stride, o.padding) {
+    this->validate();
+  }
+  [[nodiscard]] std::string describe() const { return this->window_text("max_pool2d") + ")"; }
 
   view forward(const view& x) {
     this->run_pre(x);
@@ -835,7 +857,6 @@ class max_pool2d : public detail::pool_base<max_pool2d<D, Policy>, D, Policy> {
   }
 
  private:
-  locus::detail::pool_geometry g_;
   extents<4> xs_{};
   tensor<C, D, 1> y_, gx_;
   tensor<std::int32_t, D, 1> idx_;
@@ -850,48 +871,22 @@ struct avg_pool2d_options {
 
 /// Average pooling over k x k windows (PyTorch's nn.AvgPool2d without ceil_mode).
 template <Device D, class Policy>
-class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
-  using base = detail::pool_base<avg_pool2d<D, Policy>, D, Policy>;
+class avg_pool2d : public detail::window_pool<avg_pool2d<D, Policy>, D, Policy> {
+  using base = detail::window_pool<avg_pool2d<D, Policy>, D, Policy>;
 
  public:
   using typename base::C;
   using typename base::view;
+  using base::geometry;
   static constexpr const char* layer_name = "avg_pool2d";
+  static constexpr bool positions_32bit = false;
 
-  explicit avg_pool2d(index_t kernel_size, avg_pool2d_options o = {}) : g_{}, include_pad_(o.count_include_pad) {
-    g_.k = kernel_size;
-    g_.stride = o.stride == -1 ? kernel_size : o.stride;
-    g_.pad = o.padding;
-    if (kernel_size <= 0) throw shape_error("locus: " + describe() + ": needs a positive kernel size");
-    if (g_.stride <= 0)
-      throw shape_error("locus: " + describe() + ": stride must be at least 1, got " + std::to_string(g_.stride));
-    if (g_.pad < 0 || 2 * g_.pad > g_.k)
-      throw shape_error("locus: " + describe() + ": padding must be in [0, kernel_size / 2], got " +
-                        std::to_string(g_.pad));
+  explicit avg_pool2d(index_t kernel_size, avg_pool2d_options o = {})
+      : base(kernel_size, o.stride, o.padding), include_pad_(o.count_include_pad) {
+    this->validate();
   }
   [[nodiscard]] std::string describe() const {
-    std::string s = "avg_pool2d(" + std::to_string(g_.k);
-    if (g_.stride != g_.k) s += ", stride=" + std::to_string(g_.stride);
-    if (g_.pad) s += ", padding=" + std::to_string(g_.pad);
-    if (!include_pad_) s += ", count_include_pad=false";
-    return s + ")";
-  }
-  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
-    detail::check_rank4(describe(), in);
-    const auto g = geometry(extents<4>{in[0], in[1], in[2], in[3]});
-    return {in[0], in[1], g.ho, g.wo};
-  }
-  [[nodiscard]] locus::detail::pool_geometry geometry(const extents<4>& s) const {
-    locus::detail::pool_geometry g = g_;
-    g.h = s[2];
-    g.w = s[3];
-    if (g.h <= 0 || g.w <= 0)
-      throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
-    g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
-    g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
-    if (g.ho <= 0 || g.wo <= 0)
-      throw shape_error("locus: " + describe() + ": the window is larger than the padded input " + detail::dims4(s));
-    return g;
+    return this->window_text("avg_pool2d") + (include_pad_ ? ")" : ", count_include_pad=false)");
   }
 
   view forward(const view& x) {
@@ -938,7 +933,6 @@ class avg_pool2d : public detail::pool_base<avg_pool2d<D, Policy>, D, Policy> {
   }
 
  private:
-  locus::detail::pool_geometry g_;
   bool include_pad_;
   extents<4> xs_{};
   tensor<C, D, 1> y_, gx_;
