@@ -3,7 +3,7 @@
 //
 //   fashion_mnist [--data DIR] [--device auto|cpu|cuda] [--precision fp32|bf16|fp16]
 //                 [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]
-//                 [--clip-grad-norm X]
+//                 [--clip-grad-norm X | --clip-grad-value X] [--plot FILE.png]
 //                 [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]
 //                 [--memory-limit BYTES[K|M|G]]
 //
@@ -83,6 +83,7 @@ struct config {
   double lr = 1e-3;
   int accumulate = 1;
   double clip_grad_norm = 0.0;  // 0: no clipping
+  double clip_grad_value = 0.0;  // 0: no clipping
   std::uint64_t seed = 0;
   std::vector<locus::index_t> hidden{512, 256};
   std::string model = "mlp";
@@ -148,9 +149,13 @@ config parse(int argc, char** argv) {
           },
           "X in (0, 10]"));
   app.add_option("--accumulate", c.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 65536));
-  app.add_option("--clip-grad-norm", c.clip_grad_norm,
-                 "clip the gradients by their global L2 norm before each step (0: off)")
-      ->check(CLI::Range(0.0, 1e30));
+  auto* clip_norm = app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                                   "clip the gradients by their global L2 norm before each step (0: off)")
+                       ->check(CLI::Range(0.0, 1e30));
+  app.add_option("--clip-grad-value", c.clip_grad_value,
+                 "clip every gradient to [-X, X] before each step (0: off; not with --clip-grad-norm)")
+      ->check(CLI::Range(0.0, 1e30))
+      ->excludes(clip_norm);
   app.add_option("--seed", c.seed, "seed of the initial weights and the shuffle (0 to 2^64-1)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
@@ -376,13 +381,15 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
 
     // Recorded in every checkpoint, compared on --resume.
     std::string hidden_text = std::to_string(c.hidden[0]) + "," + std::to_string(c.hidden[1]);
-    char lr_text[32], clip_text[32];
+    char lr_text[32], clip_text[32], clip_value_text[32];
     std::snprintf(lr_text, sizeof lr_text, "%.17g", c.lr);
     std::snprintf(clip_text, sizeof clip_text, "%.17g", c.clip_grad_norm);
+    std::snprintf(clip_value_text, sizeof clip_value_text, "%.17g", c.clip_grad_value);
     const std::map<std::string, std::string> run_info{{"epochs", std::to_string(c.epochs)},
                                                       {"batch-size", std::to_string(batch)},
                                                       {"accumulate", std::to_string(c.accumulate)},
                                                       {"clip-grad-norm", clip_text},
+                                                      {"clip-grad-value", clip_value_text},
                                                       {"lr", lr_text},
                                                       {"seed", std::to_string(c.seed)},
                                                       {"hidden", hidden_text},
@@ -491,7 +498,8 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
     return 0;
   };
 
-  const locus::train::options o{.accumulate = c.accumulate, .clip_grad_norm = c.clip_grad_norm};
+  const locus::train::options o{
+      .accumulate = c.accumulate, .clip_grad_norm = c.clip_grad_norm, .clip_grad_value = c.clip_grad_value};
   if constexpr (locus::amp::needs_loss_scaling<P>) {
     locus::amp::grad_scaler<D> scaler;
     locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler, o);

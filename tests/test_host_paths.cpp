@@ -43,6 +43,7 @@ bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || s
 
 struct hyper {
   float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, bias1 = 0.1f, rsqrt_bias2 = 22.366272f;  // 1 / sqrt(0.001999)
+  float clip = 0.0f;  // clip_grad_value's bound (0: off)
 };
 
 /// The host update's bodies: what adamw_host_n chooses, the compiled width's loop, and
@@ -88,19 +89,22 @@ void check_one_path(path w, const adamw_case& c, float inv, bool scaled, bool wi
   std::vector<C> pc(with_copy ? c.p.size() : 0);
   C* pcp = with_copy ? pc.data() : nullptr;
   if constexpr (!std::is_same_v<C, float>) REQUIRE(with_copy);
-  run_path<C>(w, n, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(), pcp, inv, scaled, h.lr, h.b1,
+  run_path<C>(w, n, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(), pcp, inv, scaled, h.clip, h.lr, h.b1,
               h.b2, h.eps, h.wd, h.bias1, h.rsqrt_bias2);
   int wrong_bits = 0, wrong_ref = 0;
   for (index_t i = 0; i < n; ++i) {
     const auto k = static_cast<std::size_t>(i);
-    const float gi = scaled ? c.g[k] * inv : c.g[k];
+    float gi = scaled ? c.g[k] * inv : c.g[k];
+    if (h.clip > 0) gi = std::clamp(gi, -h.clip, h.clip);  // std::clamp: the same comparisons for NaN-free values
+    if (std::isnan(c.g[k])) gi = c.g[k] * inv;             // and a NaN stays NaN
     float mi = c.m[k], vi = c.v[k];
     const float pi =
         locus::detail::adamw_kernel<C>::update(c.p[k], gi, mi, vi, h.lr, h.b1, h.b2, h.eps, h.wd, h.bias1, h.rsqrt_bias2);
     if (!same_value(p[k], pi) || !same_value(m[k], mi) || !same_value(v[k], vi)) ++wrong_bits;
     if (with_copy && !same_value(static_cast<float>(pc[k]), static_cast<float>(C(pi)))) ++wrong_bits;
     // the reference in double
-    const double gd = scaled ? static_cast<double>(c.g[k]) * inv : c.g[k];
+    double gd = scaled ? static_cast<double>(c.g[k]) * inv : c.g[k];
+    if (h.clip > 0 && !std::isnan(gd)) gd = std::clamp(gd, -static_cast<double>(h.clip), static_cast<double>(h.clip));
     double pd = c.p[k];
     pd -= static_cast<double>(h.lr) * h.wd * pd;
     const double md = h.b1 * static_cast<double>(c.m[k]) + (1.0 - h.b1) * gd;
@@ -127,6 +131,10 @@ TEST_CASE("AdamW's vectorised host update gives every element the scalar update'
     check_against_scalar<float>(c, 1.0f / 1024.0f, true, true, {.lr = 3e-2f, .wd = 0.1f});
     check_against_scalar<locus::bf16>(c, 1.0f, false, true, {});
     check_against_scalar<locus::f16>(c, 0.5f, true, true, {.b1 = 0.8f, .b2 = 0.95f});
+    // clip_grad_value: after the unscale, every gradient limited to [-clip, clip]
+    check_against_scalar<float>(c, 1.0f, false, false, {.clip = 0.75f});
+    check_against_scalar<float>(c, 1.0f / 1024.0f, true, true, {.clip = 1e-3f});
+    check_against_scalar<locus::bf16>(c, 2.0f, true, true, {.clip = 4.0f});
   }
 }
 
@@ -144,12 +152,13 @@ TEST_CASE("AdamW's vectorised host update: NaN, infinity and negative moments in
   c.g[static_cast<std::size_t>(n - 1)] = std::numeric_limits<float>::quiet_NaN();  // in the scalar tail
   check_against_scalar<float>(c, 1.0f, false, false, {});
   check_against_scalar<locus::bf16>(c, 2.0f, true, true, {});
+  check_against_scalar<float>(c, 1.0f, false, false, {.clip = 0.5f});  // NaN stays NaN, +-inf become +-0.5
   // the vector lanes never call sqrtf: a negative moment there leaves errno alone
   for (const path which : paths()) {
     std::vector<float> p = c.p, m = c.m, v = c.v;
     errno = 0;
     run_path<float>(which, 4 * w, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(),
-                    static_cast<float*>(nullptr), 1.0f, false, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.002f);
+                    static_cast<float*>(nullptr), 1.0f, false, 0.0f, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.002f);
     if (w > 1) CHECK(errno == 0);
     CHECK(std::isnan(p[static_cast<std::size_t>(2 * w)]));
   }

@@ -7,6 +7,7 @@
 #include "generic/train_cases.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +194,38 @@ TEST_CASE("training: the progress callback reports every report_every batches an
     CHECK(seen == want);
     CHECK(last_loss == r.loss);  // the last call carries the epoch's figures
   }
+}
+
+TEST_CASE("training: the trainer's on_progress option serves every epoch without one; an epoch's own wins") {
+  auto data = synthetic(512, 6);
+  auto model = synthetic_model<P32>(3);
+  locus::optim::adamw<locus::cpu> opt(model.parameters(), {.lr = 1e-3});
+  std::vector<std::int64_t> from_trainer, from_epoch;
+  locus::train::trainer t(model, opt, nn::cross_entropy{},
+                          {.on_progress = [&](const locus::train::progress& p) { from_trainer.push_back(p.batch); }});
+  locus::data::loader<locus::cpu> dl(data, {.batch_size = 64});  // 8 batches
+  t.train_epoch(dl, {.epoch = 0, .report_every = 4});
+  CHECK(from_trainer == std::vector<std::int64_t>{4, 8});
+  t.train_epoch(dl, {.epoch = 1, .report_every = 3,
+                     .on_progress = [&](const locus::train::progress& p) { from_epoch.push_back(p.batch); }});
+  CHECK(from_trainer == std::vector<std::int64_t>{4, 8});  // not called: the epoch brought its own
+  CHECK(from_epoch == std::vector<std::int64_t>{3, 6, 8});
+  // the library's bar as the trainer's option: one line per update, the last ends it
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  auto model2 = synthetic_model<P32>(3);
+  locus::optim::adamw<locus::cpu> opt2(model2.parameters(), {.lr = 1e-3});
+  locus::train::trainer t2(model2, opt2, nn::cross_entropy{},
+                           {.on_progress = locus::train::progress_bar{.out = f, .always = true}});
+  t2.train_epoch(dl, {.epoch = 0, .report_every = 4});
+  std::rewind(f);
+  std::string text;
+  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) text += static_cast<char>(c);
+  std::fclose(f);
+  CHECK(std::count(text.begin(), text.end(), '\r') == 2);
+  CHECK(text.find("epoch 1 [##########..........] 4/8") != std::string::npos);
+  CHECK(text.find("] 8/8") != std::string::npos);
+  CHECK(text.back() == '\n');
 }
 
 TEST_CASE("training: fp16_mixed with a grad scaler learns and its scale moves") {

@@ -499,6 +499,120 @@ TEST_CASE_TEMPLATE("training: clip_grad_norm scales the step by min(1, max / (no
                   locus::value_error);
 }
 
+TEST_CASE_TEMPLATE("training: clip_grad_value limits every gradient to [-c, c] as PyTorch's clip_grad_value_ does, "
+                   "after the grad scaler's unscale, for sgd and adamw",
+                   D, LOCUS_TEST_DEVICES) {
+  using P = locus::amp::fp32;
+  namespace nn = locus::nn;
+  auto make = [] {
+    nn::sequential m(nn::linear<D, P>(12, 16), nn::relu<D, P>(), nn::linear<D, P>(16, 4));
+    m.reset_parameters(21);
+    return m;
+  };
+  const auto x = locus::randn<float, D>({32, 12}, 5);
+  auto yh = locus::zeros<std::int64_t, locus::cpu>({32});
+  for (index_t i = 0; i < 32; ++i) yh(i) = (i * 3) % 4;
+  const auto y = locus::to<D>(yh);
+  // SGD with lr 1: the step is the (clipped) gradient itself
+  auto a = make(), b = make(), big = make();
+  locus::optim::sgd<D> oa(a.parameters(), {.lr = 1.0}), ob(b.parameters(), {.lr = 1.0}),
+      og(big.parameters(), {.lr = 1.0});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{});
+  const auto p0 = locus_train_test::host_values(std::as_const(a.parameters()).master());
+  ta.step(x, y);
+  const auto pa = locus_train_test::host_values(std::as_const(a.parameters()).master());
+  std::vector<double> g(p0.size()), mag;
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    g[i] = p0[i] - pa[i];
+    mag.push_back(std::abs(g[i]));
+  }
+  std::sort(mag.begin(), mag.end());
+  const double c = mag[mag.size() * 3 / 4];  // a quarter of the gradients are clipped
+  REQUIRE(c > 0);
+  locus::train::trainer tb(b, ob, nn::cross_entropy{}, {.clip_grad_value = c});
+  locus::train::trainer tg(big, og, nn::cross_entropy{}, {.clip_grad_value = 1e6});
+  tb.step(x, y);
+  tg.step(x, y);
+  const auto pb = locus_train_test::host_values(std::as_const(b.parameters()).master());
+  const auto pg = locus_train_test::host_values(std::as_const(big.parameters()).master());
+  double worst = 0;
+  int clipped = 0;
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    const double gc = std::clamp(g[i], -c, c);
+    if (gc != g[i]) ++clipped;
+    worst = std::max(worst, std::abs(pb[i] - (p0[i] - gc)));
+    CHECK(std::abs(p0[i] - pb[i]) <= c * (1 + 1e-6) + 1e-7);  // no step beyond the bound
+  }
+  CHECK(clipped > 0);
+  CHECK(worst < 1e-6);
+  CHECK(pg == pa);  // a bound above every gradient changes nothing, bit for bit
+
+  // AdamW: the clipped gradients go into the moments (p, m, v equal a run on clamped g).
+  {
+    auto m1 = make(), m2 = make();
+    locus::optim::adamw<D> o1(m1.parameters(), {.lr = 1e-2}), o2(m2.parameters(), {.lr = 1e-2});
+    locus::train::trainer t1(m1, o1, nn::cross_entropy{}, {.clip_grad_value = c});
+    locus::train::trainer t2(m2, o2, nn::cross_entropy{});
+    t1.step(x, y);
+    t2.step(x, y);
+    const auto q1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
+    const auto q2 = locus_train_test::host_values(std::as_const(m2.parameters()).master());
+    // step 1 of AdamW moves each weight by lr * g / (|g| + eps') (about lr * sign(g)),
+    // plus weight decay: clipping a gradient's size changes its step only through eps
+    double diff = 0;
+    for (std::size_t i = 0; i < q1.size(); ++i) diff = std::max(diff, std::abs(q1[i] - q2[i]));
+    CHECK(diff < 1e-6);
+    // a second step: the moments differ where gradients were clipped
+    t1.step(x, y);
+    t2.step(x, y);
+    const auto r1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
+    const auto r2 = locus_train_test::host_values(std::as_const(m2.parameters()).master());
+    CHECK(r1 != r2);
+  }
+
+  // With a grad scaler: the bound applies to the unscaled gradient, whatever the scale.
+  {
+    using PF = locus::amp::fp16_mixed;
+    auto mk = [] {
+      nn::sequential m(nn::linear<D, PF>(12, 16), nn::relu<D, PF>(), nn::linear<D, PF>(16, 4));
+      m.reset_parameters(21);
+      return m;
+    };
+    auto m1 = mk(), m2 = mk();
+    locus::optim::sgd<D> o1(m1.parameters(), {.lr = 1.0}), o2(m2.parameters(), {.lr = 1.0});
+    locus::amp::grad_scaler<D> s1({.init_scale = 1024}), s2({.init_scale = 65536});
+    locus::train::trainer t1(m1, o1, nn::cross_entropy{}, s1, {.clip_grad_value = c});
+    locus::train::trainer t2(m2, o2, nn::cross_entropy{}, s2, {.clip_grad_value = c});
+    t1.step(x, y);
+    t2.step(x, y);
+    const auto q0 = locus_train_test::host_values(std::as_const(mk().parameters()).master());
+    const auto q1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
+    const auto q2 = locus_train_test::host_values(std::as_const(m2.parameters()).master());
+    double worst1 = 0, worst12 = 0;
+    for (std::size_t i = 0; i < q0.size(); ++i) {
+      CHECK(std::abs(q0[i] - q1[i]) <= c * (1 + 1e-6) + 1e-7);
+      worst1 = std::max(worst1, std::abs((q0[i] - q1[i]) - std::clamp(g[i], -c, c)));
+      worst12 = std::max(worst12, std::abs(q1[i] - q2[i]));
+    }
+    CHECK(worst1 < 2e-2 * c);   // f16 compute: close to the f32 run's clipped step
+    CHECK(worst12 < 1e-3 * c);  // and the same at either scale
+  }
+
+  // Bad bounds, both clippings at once, and a step that would not be fused: refused.
+  auto e = make();
+  locus::optim::sgd<D> oe(e.parameters(), {.lr = 1.0});
+  CHECK_THROWS_AS(locus::train::trainer(e, oe, nn::cross_entropy{}, {.clip_grad_value = -1.0}), locus::value_error);
+  CHECK_THROWS_AS(locus::train::trainer(e, oe, nn::cross_entropy{}, {.clip_grad_value = 1e-50}),
+                  locus::value_error);
+  CHECK_THROWS_AS(locus::train::trainer(e, oe, nn::cross_entropy{},
+                                        {.clip_grad_value = std::numeric_limits<double>::infinity()}),
+                  locus::value_error);
+  CHECK_THROWS_WITH_AS(locus::train::trainer(e, oe, nn::cross_entropy{}, {.clip_grad_norm = 1.0, .clip_grad_value = 1.0}),
+                       doctest::Contains("choose one"), locus::value_error);
+  CHECK_THROWS_AS(locus::train::trainer(e, oe, nn::cross_entropy{}, {.check_finite = false, .clip_grad_value = 1.0}),
+                  locus::value_error);
+}
+
 TEST_CASE_TEMPLATE("training: the grad scaler skips an overflowing step then backs off and grows", D,
                    LOCUS_TEST_DEVICES) {
   using P = locus::amp::fp16_mixed;

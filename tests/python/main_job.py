@@ -12,8 +12,8 @@ the trainer on the CPU and checks what a user relies on:
     same epoch 3 (to the printed digits) as the run without a stop, and the CSV continues;
   * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
   * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
-    --clip-grad-norm 0.05 trains too, differently from the unclipped run, and a negative
-    bound is refused naming the option;
+    --clip-grad-norm 0.05 and --clip-grad-value 0.001 train too, differently from the
+    unclipped run; a negative bound, or both clippings at once, is refused naming the option;
   * --batch-size auto with --memory-limit picks a batch below the cap, and a limit too
     small for anything fails with a message and exit status 1; on the whole dataset under
     64 MiB the chosen batch leaves room for evaluation (the epoch and its evaluation finish);
@@ -197,6 +197,12 @@ def main():
         fail("--clip-grad-norm 0.05:\n" + out)
     if r[0]["train_loss"] == a[0]["train_loss"]:
         fail(f"--clip-grad-norm 0.05 trained exactly as without clipping: {r[0]} vs {a[0]}")
+    out, _ = run(binary, *common, "--epochs", "3", "--clip-grad-value", "0.001")
+    r = epochs_of(out)
+    if len(r) != 3 or not math.isfinite(float(r[-1]["train_loss"])) or float(r[-1]["test_accuracy"]) < 0.3:
+        fail("--clip-grad-value 0.001:\n" + out)
+    if r[0]["train_loss"] == a[0]["train_loss"]:
+        fail(f"--clip-grad-value 0.001 trained exactly as without clipping: {r[0]} vs {a[0]}")
 
     # --batch-size auto under a memory limit, and a limit that fits nothing.
     args = [x for x in common if x not in ("--batch-size", "100")]
@@ -249,6 +255,8 @@ def main():
                         (["--hidden", "512"], "--hidden"), (["--memory-limit", "0"], "--memory-limit"),
                         (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device"),
                         (["--clip-grad-norm", "-1"], "--clip-grad-norm"), (["--model", "rnn"], "--model"),
+                        (["--clip-grad-value", "-1"], "--clip-grad-value"),
+                        (["--clip-grad-value", "1", "--clip-grad-norm", "1"], "--clip-grad-norm"),
                         (["--augment", "maybe"], "--augment")):
         out, err = run(binary, *bad, expect=2)
         if option not in err or out:

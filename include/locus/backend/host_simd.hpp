@@ -105,6 +105,19 @@ inline vecf sqrt(vecf x) noexcept {
 #endif
 }
 
+/// Every lane limited to [-c, c] (c > 0), as torch.clamp(g, -c, c): NaN lanes stay NaN,
+/// -0.0 stays -0.0 (the same comparisons as the scalar clamp_abs in nn/kernels.hpp).
+inline vecf clamp_abs(vecf x, float c) noexcept {
+#if LOCUS_SIMD_WIDTH > 1
+  const vecf hi = vecf{} + c, lo = vecf{} - c;
+  x = x > hi ? hi : x;
+  return x < lo ? lo : x;
+#else
+  x = x > c ? c : x;
+  return x < -c ? -c : x;
+#endif
+}
+
 }  // namespace LOCUS_SIMD_NAMESPACE
 }  // namespace locus::detail::simd
 
@@ -156,6 +169,12 @@ LOCUS_TARGET_AVX512 inline vecf sqrt(vecf x) noexcept {
 #else
   return __builtin_ia32_sqrtps512_mask(x, x, static_cast<unsigned short>(0xffff), 4);
 #endif
+}
+
+LOCUS_TARGET_AVX512 inline vecf clamp_abs(vecf x, float c) noexcept {
+  const vecf hi = vecf{} + c, lo = vecf{} - c;
+  x = x > hi ? hi : x;
+  return x < lo ? lo : x;
 }
 
 }  // namespace locus::detail::simd512

@@ -810,6 +810,15 @@ struct update_begin_kernel {
   }
 };
 
+/// g limited to [-c, c] when c > 0 (clip_grad_value; c = 0: g unchanged), as
+/// torch.clamp: NaN stays NaN and -0.0 stays -0.0. simd::clamp_abs is the vector form,
+/// with the same comparisons, so every path gives the same bits.
+LOCUS_HOST_DEVICE inline float clamp_abs_if(float g, float c) {
+  if (!(c > 0)) return g;
+  g = g > c ? c : g;
+  return g < -c ? -c : g;
+}
+
 /// AdamW (decoupled weight decay, Loshchilov & Hutter), one fused pass per element:
 /// reads p, g, m, v, writes p, m, v and the compute copy of p.
 template <class C>
@@ -850,10 +859,10 @@ inline namespace LOCUS_SIMD_NAMESPACE {  // every width's loops are its own func
 /// Elements [i0, n) of adamw_host_n through the scalar update (the vector loops' tail).
 template <class C>
 void adamw_host_tail(index_t i0, index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                     float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                     float* __restrict v, C* __restrict pc, float inv, bool scaled, float clip, float lr, float b1, float b2,
                      float eps, float wd, float bias1, float rsqrt_bias2) {
   for (index_t i = i0; i < n; ++i) {
-    const float gi = scaled ? g[i] * inv : g[i];
+    const float gi = clamp_abs_if(scaled ? g[i] * inv : g[i], clip);
     float mi = m[i], vi = v[i];
     const float pi = adamw_kernel<C>::update(p[i], gi, mi, vi, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
     m[i] = mi;
@@ -871,7 +880,7 @@ void adamw_host_tail(index_t i0, index_t n, float* __restrict p, const float* __
 template <class C>
 LOCUS_TARGET_AVX512 void adamw_avx512_range(index_t c0, index_t c1, float* __restrict p, const float* __restrict g,
                                             float* __restrict m, float* __restrict v, C* __restrict pc, float inv,
-                                            bool scaled, float lr, float b1, float b2, float eps, float wd,
+                                            bool scaled, float clip, float lr, float b1, float b2, float eps, float wd,
                                             float step, float rsqrt_bias2) {
   LOCUS_NO_CONTRACT
   namespace s5 = simd512;
@@ -880,6 +889,7 @@ LOCUS_TARGET_AVX512 void adamw_avx512_range(index_t c0, index_t c1, float* __res
     const index_t i = c * w;
     s5::vecf gi = s5::load(g + i);
     if (scaled) gi = gi * inv;
+    if (clip > 0) gi = s5::clamp_abs(gi, clip);
     s5::vecf pi = s5::load(p + i), mi = s5::load(m + i), vi = s5::load(v + i);
     pi -= lr * wd * pi;
     mi = b1 * mi + (1.0f - b1) * gi;
@@ -901,7 +911,7 @@ LOCUS_TARGET_AVX512 void adamw_avx512_range(index_t c0, index_t c1, float* __res
 /// scaled).
 template <class C>
 void adamw_host_n_avx512(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                         float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                         float* __restrict v, C* __restrict pc, float inv, bool scaled, float clip, float lr, float b1, float b2,
                          float eps, float wd, float bias1, float rsqrt_bias2) {
   constexpr index_t w = simd512::width, block = 1024;
   const float step = lr / bias1;
@@ -913,18 +923,18 @@ void adamw_host_n_avx512(index_t n, float* __restrict p, const float* __restrict
 #endif
   for (index_t b = 0; b < blocks; ++b) {
     const index_t c1 = b * block + block < chunks ? b * block + block : chunks;
-    adamw_avx512_range<C>(b * block, c1, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, step, rsqrt_bias2);
+    adamw_avx512_range<C>(b * block, c1, p, g, m, v, pc, inv, scaled, clip, lr, b1, b2, eps, wd, step, rsqrt_bias2);
     if constexpr (!std::is_same_v<C, float>)
       for (index_t i = b * block * w; i < c1 * w; ++i) pc[i] = store<C>(p[i]);
   }
-  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, clip, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
 }
 #endif
 
 /// adamw_host_n over the compiled width (simd::vecf), whatever the CPU also has.
 template <class C>
 void adamw_host_n_base(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                       float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                       float* __restrict v, C* __restrict pc, float inv, bool scaled, float clip, float lr, float b1, float b2,
                        float eps, float wd, float bias1, float rsqrt_bias2) {
   constexpr index_t w = simd::width;
   const float step = lr / bias1;  // the scalar update's first line, once
@@ -937,6 +947,7 @@ void adamw_host_n_base(index_t n, float* __restrict p, const float* __restrict g
     const index_t i = c * w;
     simd::vecf gi = simd::load(g + i);
     if (scaled) gi = gi * inv;
+    if (clip > 0) gi = simd::clamp_abs(gi, clip);
     simd::vecf pi = simd::load(p + i), mi = simd::load(m + i), vi = simd::load(v + i);
     pi -= lr * wd * pi;
     mi = b1 * mi + (1.0f - b1) * gi;
@@ -951,11 +962,12 @@ void adamw_host_n_base(index_t n, float* __restrict p, const float* __restrict g
       simd::store(pc + i, pi);
     }
   }
-  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+  adamw_host_tail<C>(chunks * w, n, p, g, m, v, pc, inv, scaled, clip, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
 }
 
 /// AdamW over n elements on the host, with g scaled by inv first when scaled (the fused
-/// step's unscale): adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
+/// step's unscale) and then limited to [-clip, clip] when clip > 0 (clip_grad_value):
+/// adamw_kernel::update's arithmetic, written over simd::vecf (std::sqrt
 /// would keep the compiler from vectorising the loop, see backend/host_simd.hpp) in one
 /// OpenMP pass, over AVX-512F vectors when the file was compiled for less and the CPU
 /// has them (its square roots and divisions, not memory, bound this loop); the last
@@ -963,13 +975,13 @@ void adamw_host_n_base(index_t n, float* __restrict p, const float* __restrict g
 /// gives it, on either path.
 template <class C>
 void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                  float* __restrict v, C* __restrict pc, float inv, bool scaled, float lr, float b1, float b2,
+                  float* __restrict v, C* __restrict pc, float inv, bool scaled, float clip, float lr, float b1, float b2,
                   float eps, float wd, float bias1, float rsqrt_bias2) {
 #if LOCUS_SIMD_AVX512_DISPATCH
   if (simd512::available())
-    return adamw_host_n_avx512<C>(n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+    return adamw_host_n_avx512<C>(n, p, g, m, v, pc, inv, scaled, clip, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
 #endif
-  adamw_host_n_base<C>(n, p, g, m, v, pc, inv, scaled, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
+  adamw_host_n_base<C>(n, p, g, m, v, pc, inv, scaled, clip, lr, b1, b2, eps, wd, bias1, rsqrt_bias2);
 }
 
 }  // namespace LOCUS_SIMD_NAMESPACE
@@ -978,7 +990,7 @@ void adamw_host_n(index_t n, float* __restrict p, const float* __restrict g, flo
 template <class C>
 void adamw_host(const adamw_kernel<C>& k, index_t n) {
   if (k.sc->skip) return;
-  adamw_host_n<C>(n, k.p, k.g, k.m, k.v, k.pc, 1.0f, false, k.lr, k.beta1, k.beta2, k.eps, k.weight_decay,
+  adamw_host_n<C>(n, k.p, k.g, k.m, k.v, k.pc, 1.0f, false, 0.0f, k.lr, k.beta1, k.beta2, k.eps, k.weight_decay,
                   k.sc->bias1, k.sc->rsqrt_bias2);
 }
 

@@ -116,6 +116,9 @@ struct fused_args {
   // Clipping by global norm (torch.nn.utils.clip_grad_norm_): when > 0 the update uses
   // g * min(1, clip_norm / (norm + 1e-6)), norm the L2 norm of every (unscaled) gradient.
   float clip_norm = 0.0f;
+  // Clipping by value (torch.nn.utils.clip_grad_value_): when > 0 the update uses each
+  // (unscaled) gradient limited to [-clip_value, clip_value].
+  float clip_value = 0.0f;
 };
 
 /// Pass 1: the finite check of every gradient (see the header comment).
@@ -204,16 +207,17 @@ struct update_pass {
   step_state* st;
   bool scaler;
   float growth, backoff, interval;
-  bool scaled = false;  // g * inv_scale (a scaler's unscale and/or clipping)
+  bool scaled = false;  // g * inv_scale (a scaler's unscale and/or clipping by norm)
+  float clip = 0.0f;    // > 0: then limited to [-clip, clip] (clipping by value)
 
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     if (fs->u.skip) return;
-    const float gi = scaled ? g[i] * fs->inv_scale : g[i];
+    const float gi = locus::detail::clamp_abs_if(scaled ? g[i] * fs->inv_scale : g[i], clip);
     u(i, gi, fs->u);
   }
   void host(index_t n) const {
     if (fs->u.skip) return;
-    u.host(n, g, scaled ? fs->inv_scale : 1.0f, scaled, fs->u);
+    u.host(n, g, scaled ? fs->inv_scale : 1.0f, scaled, clip, fs->u);
   }
   LOCUS_HOST_DEVICE void last() const {
     using locus::detail::fresh;
@@ -267,8 +271,8 @@ struct adamw_elem {
     p[i] = pi;
     if (pc) pc[i] = locus::detail::store<C>(pi);
   }
-  void host(index_t n, const float* gs, float inv, bool scaled, const update_scalars& sc) const {
-    locus::detail::adamw_host_n<C>(n, p, gs, m, v, pc, inv, scaled, vars ? vars->lr : lr, beta1, beta2, eps,
+  void host(index_t n, const float* gs, float inv, bool scaled, float clip, const update_scalars& sc) const {
+    locus::detail::adamw_host_n<C>(n, p, gs, m, v, pc, inv, scaled, clip, vars ? vars->lr : lr, beta1, beta2, eps,
                                    weight_decay, sc.bias1, sc.rsqrt_bias2);
   }
 };
@@ -294,8 +298,8 @@ struct sgd_elem {
     p[i] = pi;
     if (pc) pc[i] = locus::detail::store<C>(pi);
   }
-  void host(index_t n, const float* g, float inv, bool scaled, const update_scalars& sc) const {
-    for (index_t i = 0; i < n; ++i) (*this)(i, scaled ? g[i] * inv : g[i], sc);
+  void host(index_t n, const float* g, float inv, bool scaled, float clip, const update_scalars& sc) const {
+    for (index_t i = 0; i < n; ++i) (*this)(i, locus::detail::clamp_abs_if(scaled ? g[i] * inv : g[i], clip), sc);
   }
 };
 
@@ -422,7 +426,7 @@ class optimizer_base {
     fused_scalars* fs = fused();
     locus::detail::launch_n_then<D>(params_.n,
                                     update_pass<U>{u, params_.g, fs, a.st, a.scaler, a.growth, a.backoff, a.interval,
-                                                   a.scaler || a.clip_norm > 0},
+                                                   a.scaler || a.clip_norm > 0, a.clip_value},
                                     &fs->tickets[1]);
   }
 

@@ -106,6 +106,18 @@ struct no_scaler {
   using device = void;
 };
 
+/// Passed to an epoch's progress callback every `report_every` micro-batches (the only
+/// time the loss is read back) and after the last one.
+struct progress {
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;    ///< micro-batches done in this epoch
+  std::int64_t batches = 0;  ///< in the epoch
+  double loss = 0.0;         ///< running mean since the epoch began
+  double samples_per_s = 0.0;
+  double seconds = 0.0;      ///< since the epoch began
+  bool last = false;         ///< the epoch's final call
+};
+
 struct options {
   int accumulate = 1;        ///< micro-batches per optimizer step
   bool cuda_graph = false;   ///< cuda: capture the step as a CUDA graph and replay it
@@ -117,6 +129,13 @@ struct options {
   /// host the norm comes from the same pass as the finite check; on cuda one reduction
   /// before it. grad_norm() reports the norm.
   double clip_grad_norm = 0.0;
+  /// Clip every gradient to [-clip_grad_value, clip_grad_value] before each optimizer
+  /// step, as torch.nn.utils.clip_grad_value_ (after the grad scaler's unscale). 0: off.
+  /// Inside the fused step's update pass (no pass of its own); not with clip_grad_norm.
+  double clip_grad_value = 0.0;
+  /// The progress callback of every train_epoch whose own on_progress is empty, e.g.
+  /// train::progress_bar{} (a line on a terminal, nothing in a file or pipe).
+  std::function<void(const progress&)> on_progress{};
 };
 
 /// What report() and the epoch functions return.
@@ -128,18 +147,6 @@ struct metrics {
   std::int64_t samples = 0;
   std::int64_t optimizer_steps = 0;
   double seconds = 0.0;
-};
-
-/// Passed to an epoch's progress callback every `report_every` micro-batches (the only
-/// time the loss is read back) and after the last one.
-struct progress {
-  std::int64_t epoch = 0;
-  std::int64_t batch = 0;    ///< micro-batches done in this epoch
-  std::int64_t batches = 0;  ///< in the epoch
-  double loss = 0.0;         ///< running mean since the epoch began
-  double samples_per_s = 0.0;
-  double seconds = 0.0;      ///< since the epoch began
-  bool last = false;         ///< the epoch's final call
 };
 
 /// An epoch's progress as one terminal line, redrawn in place (pass it as
@@ -438,17 +445,19 @@ class trainer {
     std::int64_t count = 0, samples = 0;
     double loss_sum = 0.0;
     std::int64_t loss_samples = 0;
+    // the epoch's own callback, else the trainer's (options::on_progress)
+    const std::function<void(const progress&)>& on_progress = eo.on_progress ? eo.on_progress : o_.on_progress;
     for (auto& b : batches) {
       step(b.x, b.y);
       samples += b.x.shape()[0];
       ++count;
       // The last batch is reported once, after the loop (with the epoch's final figures).
-      if (eo.on_progress && eo.report_every > 0 && count % eo.report_every == 0 && count != total) {
+      if (on_progress && eo.report_every > 0 && count % eo.report_every == 0 && count != total) {
         const metrics r = report();
         loss_sum += r.loss * static_cast<double>(r.samples);
         loss_samples += r.samples;
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        eo.on_progress({eo.epoch, count, total, loss_sum / static_cast<double>(loss_samples),
+        on_progress({eo.epoch, count, total, loss_sum / static_cast<double>(loss_samples),
                         dt > 0 ? static_cast<double>(samples) / dt : 0.0, dt});
       }
     }
@@ -461,7 +470,7 @@ class trainer {
     r.samples = samples;
     r.seconds = dt;
     r.samples_per_s = dt > 0 ? static_cast<double>(samples) / dt : 0.0;
-    if (eo.on_progress) eo.on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt, true});
+    if (on_progress) on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt, true});
     ++epochs_done_;
     return r;
   }
@@ -612,6 +621,20 @@ class trainer {
       throw ::locus::value_error(
           "locus: trainer clip_grad_norm needs the fused optimizer step (adamw or sgd, with a grad scaler or "
           "check_finite = true), where the norm is taken; this trainer's step runs unfused");
+    if (!(o_.clip_grad_value == 0.0 || (o_.clip_grad_value >= std::numeric_limits<float>::min() &&
+                                         o_.clip_grad_value <= std::numeric_limits<float>::max())))
+      throw ::locus::value_error(
+          "locus: trainer clip_grad_value must be 0 (no clipping) or a finite number from 1.2e-38 to 3.4e38 (the "
+          "f32 range the step computes in), got " +
+          std::to_string(o_.clip_grad_value));
+    if (o_.clip_grad_value > 0.0 && o_.clip_grad_norm > 0.0)
+      throw ::locus::value_error(
+          "locus: trainer clip_grad_norm and clip_grad_value are both set; choose one (PyTorch applies whichever "
+          "function is called, in the caller's order, so the combination has no single meaning)");
+    if (o_.clip_grad_value > 0.0 && !fused())
+      throw ::locus::value_error(
+          "locus: trainer clip_grad_value needs the fused optimizer step (adamw or sgd, with a grad scaler or "
+          "check_finite = true), where the gradients are clipped; this trainer's step runs unfused");
     // An optimizer built over another model's parameters would update that model on
     // every step while this one never trains (and the other trains on this one's
     // gradients): refused here, before any step.
@@ -842,6 +865,7 @@ class trainer {
     a.micro_step = micro;
     a.window_first = window;
     a.clip_norm = static_cast<float>(o_.clip_grad_norm);
+    a.clip_value = static_cast<float>(o_.clip_grad_value);
     sync_gradients();
     if constexpr (fusable()) opt_->fused_step(a);
     clear_grads();
