@@ -39,8 +39,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +53,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -92,11 +96,41 @@ struct config {
   bool resume = false;
   std::string resume_file;
   std::string log;
+  std::string plot;  // PNG of the --log CSV, rendered at the end
   std::size_t memory_limit = 0;  // 0: none
 };
 
 /// A command-line error: the message, a pointer to --help, exit status 2 (before anything
 /// else is printed).
+/// Runs scripts/plot-metrics LOG PNG (LOCUS_PLOT_SCRIPT overrides the path compiled in);
+/// false, with a message, when it fails.
+bool plot_metrics(const std::string& log, const std::string& png) {
+  const char* env = std::getenv("LOCUS_PLOT_SCRIPT");
+#ifdef LOCUS_PLOT_SCRIPT
+  const std::string script = env ? env : LOCUS_PLOT_SCRIPT;
+#else
+  const std::string script = env ? env : "plot-metrics";
+#endif
+  std::vector<std::string> args{script, log, png};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int status = 0;
+  if (const int e = ::posix_spawnp(&pid, script.c_str(), nullptr, nullptr, argv.data(), environ); e != 0) {
+    std::fprintf(stderr, "fashion_mnist: --plot: cannot run %s: %s\n", script.c_str(), std::strerror(e));
+    return false;
+  }
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return false;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "fashion_mnist: --plot: %s %s %s failed (status %d)\n", script.c_str(), log.c_str(),
+                 png.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return false;
+  }
+  return true;
+}
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "fashion_mnist: %s\nusage: fashion_mnist [OPTIONS]; fashion_mnist --help lists them\n",
                why.c_str());
@@ -180,7 +214,11 @@ config parse(int argc, char** argv) {
                                 "resume from FILE (default: last.safetensors in --checkpoint-dir), with the "
                                 "first run's options")
                      ->expected(0, 1);
-  app.add_option("--log", c.log, "append each epoch's figures to this CSV file");
+  auto* log_option = app.add_option("--log", c.log, "append each epoch's figures to this CSV file");
+  app.add_option("--plot", c.plot,
+                 "at the end, render the --log CSV to this PNG (losses, accuracy, learning rate; "
+                 "scripts/plot-metrics, matplotlib)")
+      ->needs(log_option);
   app.add_option("--memory-limit", c.memory_limit, "cap the device's allocator, e.g. 512M")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Validator(
@@ -442,7 +480,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       }
       log.open(c.log, std::ios::trunc);
       if (!log) throw locus::io_error("cannot write " + c.log);
-      log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds\n";
+      log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds,lr\n";
       for (const auto& line : kept) log << line << '\n';
     }
 
@@ -486,7 +524,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       std::fflush(stdout);
       if (log)
         log << e + 1 << ',' << r.loss << ',' << ev.loss << ',' << ev.accuracy << ',' << r.samples_per_s << ','
-            << r.peak_bytes << ',' << r.seconds << '\n'
+            << r.peak_bytes << ',' << r.seconds << ',' << opt.lr() << '\n'
             << std::flush;
       if (!c.checkpoint_dir.empty()) {
         const std::filesystem::path dir(c.checkpoint_dir);
@@ -495,6 +533,11 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       }
     }
     std::printf("final test accuracy %.4f\n", ev.accuracy);
+    if (!c.plot.empty() && rank == 0) {
+      log.close();
+      std::fflush(stdout);
+      if (!plot_metrics(c.log, c.plot)) return 1;
+    }
     return 0;
   };
 

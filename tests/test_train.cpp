@@ -228,6 +228,53 @@ TEST_CASE("training: the trainer's on_progress option serves every epoch without
   CHECK(text.back() == '\n');
 }
 
+TEST_CASE("parameters by name: read and edit a weight by PyTorch's name; infer sees it after sync_compute") {
+  using PB = locus::amp::bf16_mixed;
+  nn::sequential m(nn::linear<locus::cpu, PB>(3, 2), nn::relu<locus::cpu, PB>(), nn::linear<locus::cpu, PB>(2, 1));
+  auto& ps = m.parameters();
+  CHECK(ps.index_of("0.weight") == 0);
+  CHECK(ps.index_of("2.bias") == 3);
+  auto w = ps.master<2>("0.weight");
+  REQUIRE(w.shape() == locus::extents<2>{2, 3});
+  // y = relu(W0 x + b0) . W2 + b2 with weights written by name
+  const double W0[2][3] = {{0.5, -1.0, 2.0}, {1.5, 0.25, -0.75}}, b0[2] = {0.125, -0.5}, W2[2] = {2.0, -3.0};
+  for (index_t i = 0; i < 2; ++i)
+    for (index_t j = 0; j < 3; ++j) w(i, j) = static_cast<float>(W0[i][j]);
+  auto b = ps.master<1>("0.bias");
+  b(0) = 0.125f;
+  b(1) = -0.5f;
+  auto w2 = ps.master<2>("2.weight");
+  w2(0, 0) = 2.0f;
+  w2(0, 1) = -3.0f;
+  ps.master<1>("2.bias")(0) = 0.75f;
+  ps.sync_compute();  // the bf16 copy the forward reads
+  const double x[2][3] = {{1.0, 2.0, 0.5}, {-1.0, 0.5, 1.0}};
+  auto xt = locus::zeros<locus::bf16, locus::cpu>({2, 3});
+  for (index_t r = 0; r < 2; ++r)
+    for (index_t j = 0; j < 3; ++j) xt(r, j) = locus::bf16(static_cast<float>(x[r][j]));
+  const auto y = m.infer(xt);
+  for (index_t r = 0; r < 2; ++r) {
+    double out = 0.75;
+    for (index_t i = 0; i < 2; ++i) {
+      double h = b0[i];
+      for (index_t j = 0; j < 3; ++j) h += W0[i][j] * x[r][j];
+      out += W2[i] * std::max(h, 0.0);
+    }
+    CHECK(static_cast<double>(static_cast<float>(y(r, 0))) == doctest::Approx(out).epsilon(1e-2));  // bf16 output
+  }
+  // const access, and the errors
+  const auto& cps = std::as_const(m).parameters();
+  CHECK(cps.master<1>("0.bias")(1) == -0.5f);
+  CHECK_THROWS_WITH_AS((void)ps.index_of("1.weight"),
+                       doctest::Contains("no parameter named '1.weight'; its parameters: 0.weight [2, 3], 0.bias [2], "
+                                         "2.weight [1, 2], 2.bias [1]"),
+                       locus::index_error);
+  CHECK_THROWS_WITH_AS((void)ps.master<1>("0.weight"),
+                       doctest::Contains("parameter '0.weight' has rank 2 [2, 3], not 1; write master<2>(\"0.weight\")"),
+                       locus::shape_error);
+  CHECK_THROWS_AS((void)ps.master<2>(""), locus::index_error);
+}
+
 TEST_CASE("training: fp16_mixed with a grad scaler learns and its scale moves") {
   auto data = synthetic(1024, 5);
   auto model = synthetic_model<locus::amp::fp16_mixed>(2);

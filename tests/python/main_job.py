@@ -7,7 +7,12 @@ Writes a small IDX directory (the first 1200 training and 300 test samples of
 Fashion-MNIST, uncompressed, so --data with plain IDX files is exercised too), then runs
 the trainer on the CPU and checks what a user relies on:
   * every epoch prints a line with train loss, test loss, test accuracy, samples/s and
-    peak memory; --log writes the same figures as CSV;
+    peak memory; --log writes the same figures as CSV, and the learning rate of each
+    epoch's last step (checked against the cosine schedule's formula);
+  * --plot renders the log to a PNG (and scripts/plot-metrics alone does too): decoded
+    here with zlib, it is 1200 x 400, not blank, and each series (train and test loss,
+    test accuracy, learning rate) has pixels of its colour in its panel only; a log
+    without rows is refused; --plot without --log is refused naming --plot;
   * 3 epochs with --checkpoint-dir; resuming from the epoch-2 checkpoint prints the
     same epoch 3 (to the printed digits) as the run without a stop, and the CSV continues;
   * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
@@ -33,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 
 EPOCH_LINE = re.compile(
     r"^epoch\s+(\d+)\s+train loss ([0-9.]+)\s+test loss ([0-9.]+)\s+test accuracy ([0-9.]+)\s+"
@@ -42,6 +48,74 @@ EPOCH_LINE = re.compile(
 def fail(msg):
     print("FAILED: " + msg)
     sys.exit(1)
+
+
+def read_png(path):
+    """(width, height, rows of RGB tuples) of an 8-bit, non-interlaced RGB or RGBA PNG,
+    decoded here with zlib alone (independent of the matplotlib that wrote it)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        fail(f"{path} is not a PNG file")
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            header = (int.from_bytes(body[0:4], "big"), int.from_bytes(body[4:8], "big"), body[8], body[9], body[12])
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+    w, h, depth, colour, interlace = header
+    if depth != 8 or colour not in (2, 6) or interlace != 0:
+        fail(f"{path}: a PNG of depth {depth}, colour type {colour}, interlace {interlace} (8, 2 or 6, 0 expected)")
+    bpp = 4 if colour == 6 else 3
+    raw, stride = zlib.decompress(idat), w * bpp
+    rows, prev, i = [], bytearray(stride), 0
+    for _ in range(h):
+        ft, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+        i += 1 + stride
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b = prev[x]
+            c = prev[x - bpp] if x >= bpp else 0
+            if ft == 1:
+                line[x] = (line[x] + a) & 255
+            elif ft == 2:
+                line[x] = (line[x] + b) & 255
+            elif ft == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif ft == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x:x + 3]) for x in range(0, stride, bpp)])
+        prev = line
+    return w, h, rows
+
+
+# scripts/plot_metrics.py's colours: series -> (RGB, panel 0..2 of three side by side)
+PLOT_SERIES = {"train loss": ((0x1f, 0x77, 0xb4), 0), "test loss": ((0xff, 0x7f, 0x0e), 0),
+               "test accuracy": ((0x2c, 0xa0, 0x2c), 1), "learning rate": ((0xd6, 0x27, 0x28), 2)}
+
+
+def check_plot(path, what):
+    """The PNG is 1200 x 400, not blank, and every series' curve is drawn in its panel."""
+    w, h, rows = read_png(path)
+    if (w, h) != (1200, 400):
+        fail(f"{what}: {path} is {w} x {h}, 1200 x 400 expected")
+    inked = sum(1 for row in rows for px in row if px != (255, 255, 255))
+    if inked < 0.02 * w * h:
+        fail(f"{what}: {path} is nearly blank ({inked} of {w * h} pixels not white)")
+    for name, (rgb, panel) in PLOT_SERIES.items():
+        xs = [x for row in rows for x, px in enumerate(row) if px == rgb]
+        inside = [x for x in xs if panel * w // 3 <= x < (panel + 1) * w // 3]
+        if len(inside) < 100:
+            fail(f"{what}: no {name} curve in panel {panel + 1} of {path} ({len(inside)} pixels of its colour)")
+        if len(inside) != len(xs):
+            fail(f"{what}: {name}'s colour outside its panel in {path}")
 
 
 def read_idx(path):
@@ -114,7 +188,17 @@ def main():
     # Three epochs with checkpoints after each.
     a_log = os.path.join(work, "a.csv")
     ck = os.path.join(work, "ck")
-    out, _ = run(binary, *common, "--epochs", "3", "--log", a_log, "--checkpoint-dir", ck)
+    # --plot renders the log at the end (scripts/plot-metrics, matplotlib from the test venv;
+    # exit status 77 when matplotlib cannot be had: then the plot checks are skipped, visibly)
+    plot_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "plot-metrics")
+    plots = subprocess.run([plot_script, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if plots.returncode not in (0, 77):
+        fail(f"scripts/plot-metrics --help: status {plots.returncode}\n{plots.stderr}")
+    a_png = os.path.join(work, "a.png")
+    plot_args = ["--plot", a_png] if plots.returncode == 0 else []
+    if not plot_args:
+        print("SKIPPED: the --plot checks (scripts/plot-metrics: matplotlib is not available)")
+    out, _ = run(binary, *common, "--epochs", "3", "--log", a_log, "--checkpoint-dir", ck, *plot_args)
     a = epochs_of(out)
     if [r["epoch"] for r in a] != [1, 2, 3]:
         fail("expected epoch lines 1, 2, 3 in:\n" + out)
@@ -135,6 +219,26 @@ def main():
         if abs(float(row["test_accuracy"]) - float(line["test_accuracy"])) > 5e-5 or \
                 abs(float(row["train_loss"]) - float(line["train_loss"])) > 5e-5:
             fail(f"CSV row {row} does not match the printed line {line}")
+    # the lr column: the cosine schedule's value at each epoch's last optimizer step
+    # (12 steps an epoch, 36 in all, from 0.005 to 0.005 * 0.01)
+    for row in a_csv:
+        step = int(row["epoch"]) * 12 - 1
+        want = 5e-5 + (0.005 - 5e-5) * 0.5 * (1 + math.cos(math.pi * step / 36))
+        if abs(float(row["lr"]) - want) > 1e-5 * want:
+            fail(f"CSV row {row}: lr {row['lr']}, the schedule gives {want}")
+    if plot_args:
+        check_plot(a_png, "--plot")
+        b_png = os.path.join(work, "standalone.png")
+        r = subprocess.run([plot_script, a_log, b_png], capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"scripts/plot-metrics {a_log} {b_png}: status {r.returncode}\n{r.stdout}{r.stderr}")
+        check_plot(b_png, "scripts/plot-metrics")
+        empty = os.path.join(work, "empty.csv")
+        with open(empty, "w") as f:
+            f.write("epoch,train_loss\n")
+        r = subprocess.run([plot_script, empty, os.path.join(work, "empty.png")], capture_output=True, text=True)
+        if r.returncode != 2 or "no rows" not in r.stderr:
+            fail(f"scripts/plot-metrics on a log without rows: status {r.returncode}\n{r.stderr}")
     for name in ("epoch-1.safetensors", "epoch-2.safetensors", "epoch-3.safetensors", "last.safetensors"):
         if not os.path.exists(os.path.join(ck, name)):
             fail(f"--checkpoint-dir did not write {name}: {os.listdir(ck)}")
@@ -256,6 +360,7 @@ def main():
                         (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device"),
                         (["--clip-grad-norm", "-1"], "--clip-grad-norm"), (["--model", "rnn"], "--model"),
                         (["--clip-grad-value", "-1"], "--clip-grad-value"),
+                        (["--plot", "x.png"], "--plot"),
                         (["--clip-grad-value", "1", "--clip-grad-norm", "1"], "--clip-grad-norm"),
                         (["--augment", "maybe"], "--augment")):
         out, err = run(binary, *bad, expect=2)

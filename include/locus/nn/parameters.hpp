@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -126,6 +127,32 @@ class parameter_store {
     else base = master_.data_handle();
     return {::locus::detail::raw_view_key{}, base + entries_[i].offset, shape_of<R>(i)};
   }
+  /// The index of the parameter called `name` (PyTorch's name: "0.weight", "3.bias"); an
+  /// index_error listing every name when the model has none of that name.
+  [[nodiscard]] std::size_t index_of(std::string_view name) const {
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].name == name) return i;
+    std::string known;
+    for (const auto& e : entries_) known += (known.empty() ? "" : ", ") + e.name + " " + e.shape_string();
+    throw index_error("locus: the model has no parameter named '" + std::string(name) +
+                      "'; its parameters: " + (known.empty() ? std::string("none") : known));
+  }
+  /// Parameter `name`'s master weights as a view of its rank R, to read or edit by name:
+  /// model.parameters().master<2>("0.weight"). Another rank is a shape_error naming the
+  /// right one. After writing the master weights of a bf16/f16 model, call sync_compute()
+  /// (the forward reads the compute copy); an optimizer step needs nothing more.
+  template <std::size_t R>
+  [[nodiscard]] tensor_view<master_type, D, R> master(std::string_view name) {
+    const std::size_t i = index_of(name);
+    check_rank(i, R);
+    return master<R>(i);
+  }
+  template <std::size_t R>
+  [[nodiscard]] tensor_view<const master_type, D, R> master(std::string_view name) const {
+    const std::size_t i = index_of(name);
+    check_rank(i, R);
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+  }
   /// Parameter i's master weights and gradient as flat views.
   [[nodiscard]] tensor_view<master_type, D, 1> master_flat(std::size_t i) noexcept {
     return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
@@ -213,6 +240,13 @@ class parameter_store {
  public:
 
  private:
+  void check_rank(std::size_t i, std::size_t r) const {
+    const auto& e = entries_[i];
+    if (e.shape.size() != r)
+      throw shape_error("locus: parameter '" + e.name + "' has rank " + std::to_string(e.shape.size()) + " " +
+                        e.shape_string() + ", not " + std::to_string(r) + "; write master<" +
+                        std::to_string(e.shape.size()) + ">(\"" + e.name + "\")");
+  }
   template <std::size_t R>
   extents<R> shape_of(std::size_t i) const noexcept {
     extents<R> s{};

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Renders a metrics log locus wrote (the main job's --log CSV) to a PNG.
+
+    plot_metrics.py METRICS.csv [OUT.png] [--title TEXT]
+
+Three panels, one point per epoch: the train and test loss, the test accuracy, and the
+learning rate (when the log has an `lr` column). Each series has its own fixed colour
+(SERIES below), so a test can find every curve in the image. Columns other than
+`epoch` that a log lacks are left out of the plot; a log without `epoch` or without
+rows is refused with a message and exit status 2. Needs matplotlib (scripts/plot-metrics
+installs it into the test virtual environment).
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+
+# column -> (panel, label, colour); the colours are matplotlib's first four "tab" colours
+SERIES = {
+    "train_loss": (0, "train loss", "#1f77b4"),
+    "test_loss": (0, "test loss", "#ff7f0e"),
+    "test_accuracy": (1, "test accuracy", "#2ca02c"),
+    "lr": (2, "learning rate", "#d62728"),
+}
+PANELS = ("loss", "test accuracy", "learning rate")
+WIDTH_IN, HEIGHT_IN, DPI = 12.0, 4.0, 100  # 1200 x 400 pixels
+
+
+def read(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path}: no rows (a header and one row per epoch expected)")
+    if "epoch" not in rows[0]:
+        raise ValueError(f"{path}: no 'epoch' column (columns: {', '.join(rows[0].keys())})")
+    epochs, data = [], {k: [] for k in SERIES if k in rows[0]}
+    for i, row in enumerate(rows):
+        try:
+            epochs.append(int(row["epoch"]))
+            for k in data:
+                data[k].append(float(row[k]))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: row {i + 2}: {e}") from None
+    return epochs, data
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("png", nargs="?", help="default: the CSV's name with .png")
+    ap.add_argument("--title", default=None)
+    args = ap.parse_args()
+    out = args.png or os.path.splitext(args.csv)[0] + ".png"
+    try:
+        epochs, data = read(args.csv)
+    except (OSError, ValueError) as e:
+        print(f"plot-metrics: {e}", file=sys.stderr)
+        return 2
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 3, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    for ax, name in zip(axes, PANELS):
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.grid(True, color="#dddddd", linewidth=0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for key, values in data.items():
+        panel, label, colour = SERIES[key]
+        finite = [(e, v) for e, v in zip(epochs, values) if math.isfinite(v)]
+        if not finite:
+            continue
+        xs, ys = zip(*finite)
+        axes[panel].plot(xs, ys, color=colour, label=label, linewidth=2, marker="o", markersize=3)
+    if "lr" in data and data["lr"] and max(data["lr"]) > 0 and min(data["lr"]) > 0 and \
+            max(data["lr"]) / min(data["lr"]) > 100:
+        axes[2].set_yscale("log")
+    axes[0].legend()
+    fig.suptitle(args.title or os.path.basename(args.csv))
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
+    print(f"plot-metrics: wrote {out} ({len(epochs)} epochs: {', '.join(SERIES[k][1] for k in data)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
