@@ -12,7 +12,8 @@
 //   tensor_view<const float, locus::cuda, 2> w0 = a.get<float, 2>("0.weight");
 //
 // A missing, truncated or corrupt file, or a tensor of another dtype or rank than asked
-// for, throws locus::io_error naming the file and what is wrong. The reader is written
+// for, throws locus::io_error naming the file and what is wrong (for a typed request:
+// the tensor, its dtype and shape, and the dtype or rank asked for). The reader is written
 // for hostile files (load() lists what a file must be): nothing in it recurses over
 // the file's JSON (nesting is bounded before parsing, values in messages are never
 // serialised), no buffer is sized by a claim the file cannot back (a regular file's
@@ -68,11 +69,32 @@ constexpr const char* st_dtype() {
   else return "";
 }
 
-inline std::size_t st_dtype_size(const std::string& d) {
-  if (d == "F64" || d == "I64" || d == "U64") return 8;
-  if (d == "F32" || d == "I32" || d == "U32") return 4;
-  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-  if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+/// The C++ type locus reads a safetensors dtype as ("" for the dtypes it only carries).
+inline const char* st_cpp_type(const std::string& d) {
+  if (d == "F32") return "float";
+  if (d == "F64") return "double";
+  if (d == "F16") return "locus::f16";
+  if (d == "BF16") return "locus::bf16";
+  if (d == "I32") return "std::int32_t";
+  if (d == "I64") return "std::int64_t";
+  if (d == "U8") return "std::uint8_t";
+  if (d == "BOOL") return "bool";
+  return "";
+}
+
+/// Bits per element of a safetensors dtype, 0 for one the format does not have. Every
+/// dtype the Python safetensors package writes (0.8: safetensors.serialize) is known, so
+/// its files open even where locus has no C++ type for a tensor's dtype (C64, the F8
+/// variants, the sub-byte F4 and F6, whose tensors must end on a byte boundary).
+inline unsigned st_dtype_bits(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64" || d == "C64") return 64;
+  if (d == "F32" || d == "I32" || d == "U32") return 32;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 16;
+  if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E4M3FNUZ" ||
+      d == "F8_E5M2FNUZ" || d == "F8_E8M0")
+    return 8;
+  if (d == "F6_E2M3" || d == "F6_E3M2") return 6;
+  if (d == "F4") return 4;
   return 0;
 }
 
@@ -371,7 +393,10 @@ class archive {
     check_dtype<T>(name, e);
     if (e.shape.size() != R)
       throw io_error("locus: tensor '" + detail::printable(name) + "' in '" + path_ + "' has rank " +
-                     std::to_string(e.shape.size()) + " (shape " + e.shape_string() + "), not " + std::to_string(R));
+                     std::to_string(e.shape.size()) + " (" + detail::printable(e.dtype) + " " + e.shape_string() +
+                     "), but rank " + std::to_string(R) + " was asked for (get<" + detail::st_cpp_type(e.dtype) +
+                     ", " + std::to_string(R) + ">); ask for rank " + std::to_string(e.shape.size()) +
+                     " and reshape() the view");
     extents<R> s{};
     for (std::size_t a = 0; a < R; ++a) s[a] = e.shape[a];
     return {::locus::detail::raw_view_key{}, reinterpret_cast<const T*>(data_.data_handle() + e.offset), s};
@@ -391,9 +416,14 @@ class archive {
 
   template <class T>
   void check_dtype(const std::string& name, const tensor_info& e) const {
-    if (e.dtype != detail::st_dtype<T>())
+    if (e.dtype != detail::st_dtype<T>()) {
+      const std::string own = detail::st_cpp_type(e.dtype);
       throw io_error("locus: tensor '" + detail::printable(name) + "' in '" + path_ + "' is " +
-                     detail::printable(e.dtype) + ", not " + detail::st_dtype<T>());
+                     detail::printable(e.dtype) + " " + e.shape_string() + ", but " + detail::st_dtype<T>() + " (" +
+                     detail::st_cpp_type(detail::st_dtype<T>()) + ") was asked for; " +
+                     (own.empty() ? "locus has no C++ type for " + e.dtype + " (info() describes the tensor)"
+                                  : "ask for " + own + " and convert after loading (locus::cast)"));
+    }
   }
 
   std::string path_;
@@ -406,8 +436,10 @@ class archive {
 ///
 /// What a file must be, else io_error naming it: a header length of at most 100 MB
 /// that fits the file; a JSON object nested at most 16 deep with no key twice in one
-/// object; string metadata; per tensor a known dtype, non-negative integer extents
-/// and [begin, end] offsets whose span is the shape's byte count; tensors that tile
+/// object; string metadata; per tensor a known dtype (every one the safetensors package
+/// writes; get() and flat() read F32, F64, F16, BF16, I32, I64, U8 and BOOL), non-negative
+/// integer extents and [begin, end] offsets whose span is the shape's byte count (of the
+/// sub-byte F4 and F6, a whole number of bytes); tensors that tile
 /// the data section exactly (no overlaps, no holes, nothing after the last; empty
 /// tensors anywhere inside it); BOOL elements 0 or 1. A regular file's claims are
 /// checked against its size before anything is allocated; any other file (a FIFO, a
@@ -494,9 +526,12 @@ archive<D> load(const std::filesystem::path& path) {
       if (!dtype.is_string()) throw corrupt("tensor '" + tname + "' has dtype " + detail::describe(dtype) + ", expected a string");
       tensor_info e;
       e.dtype = dtype.get<std::string>();
-      const std::size_t es = detail::st_dtype_size(e.dtype);
-      if (es == 0)
-        throw io_error("locus: '" + a.path_ + "': tensor '" + tname + "' has unknown dtype " + detail::printable(e.dtype));
+      const unsigned bits = detail::st_dtype_bits(e.dtype);
+      if (bits == 0)
+        throw io_error("locus: '" + a.path_ + "': tensor '" + tname + "' has unknown dtype " +
+                       detail::printable(e.dtype) +
+                       " (safetensors has BOOL, U8, I8, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F6_E2M3, "
+                       "F6_E3M2, F4, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64, C64)");
       // Integers only: nlohmann's get<int64_t>() of 1e30 is a float conversion out of
       // range (undefined behaviour), and of 2^63 a wrap to a negative number.
       auto integer = [&](const nlohmann::json& j, const char* what) -> std::uint64_t {
@@ -518,12 +553,17 @@ archive<D> load(const std::filesystem::path& path) {
         if (x > static_cast<std::uint64_t>(std::numeric_limits<index_t>::max()))
           throw corrupt("tensor '" + tname + "' has an extent too large for any file (" + std::to_string(x) + ")");
         e.shape.push_back(static_cast<index_t>(x));
-        // count * es is compared with the data section's size below: an overflow here
-        // would let a corrupt shape pass with a small product.
-        if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / es) / x)
+        // count * bits is compared with the data section's size below: an overflow
+        // here would let a corrupt shape pass with a small product.
+        if (x != 0 && count > (std::numeric_limits<std::uint64_t>::max() / bits) / x)
           throw corrupt("tensor '" + tname + "' has a shape too large for any file");
         count *= x;
       }
+      if (count * bits % 8 != 0)
+        throw corrupt("tensor '" + tname + "' of shape " + e.shape_string() + " and dtype " + e.dtype + " holds " +
+                      std::to_string(count) + " elements of " + std::to_string(bits) +
+                      " bits, which do not end on a byte boundary");
+      const std::uint64_t need = count * bits / 8;
       const auto& offsets = v["data_offsets"];
       if (!offsets.is_array() || offsets.size() != 2)
         throw corrupt("tensor '" + tname + "' has data_offsets " + detail::describe(offsets) +
@@ -535,9 +575,9 @@ archive<D> load(const std::filesystem::path& path) {
         throw io_error("locus: '" + a.path_ + "' is truncated or corrupt: tensor '" + tname + "' spans bytes [" +
                        std::to_string(begin) + ", " + std::to_string(end) + ") of a " + std::to_string(limit) +
                        "-byte data section");
-      if (end - begin != count * es)
+      if (end - begin != need)
         throw corrupt("tensor '" + tname + "' of shape " + e.shape_string() + " and dtype " + e.dtype + " needs " +
-                      std::to_string(count * es) + " bytes but spans " + std::to_string(end - begin));
+                      std::to_string(need) + " bytes but spans " + std::to_string(end - begin));
       e.bytes = static_cast<std::size_t>(end - begin);
       auto& slot = a.entries_[it.key()] = std::move(e);
       spans.push_back({begin, end, &it.key(), &slot});
