@@ -19,6 +19,6 @@ int main() {
   auto x = locus::zeros<float, D>({8192, 256});
   auto y = locus::zeros<std::int64_t, D>({8192});
 
-  locus::set_memory_limit<D>(locus::memory_stats<D>().allocated_bytes + (4 << 20));  // 4 MiB left
+  locus::set_memory_limit<D>(locus::memory_stats<D>().reserved_bytes + (4 << 20));  // 4 MiB left
   t.step(x, y);  // a batch of 8192
 }
