@@ -101,6 +101,59 @@ struct memory_statistics {
   std::size_t system_allocations = 0;
 };
 
+/// Fault injection for tests (docs/reliability.md): the k-th allocation request on any
+/// device's allocator from now on (k >= 1, counting every device, cache hits included)
+/// throws locus::out_of_memory ("injected fault") instead of allocating; 0 disarms. One
+/// fault per arming: the requests after it succeed. Requests of 0 bytes are not
+/// counted (they allocate nothing). Thread-safe; costs one relaxed atomic load per
+/// allocation while disarmed.
+namespace fault {
+
+namespace detail {
+inline std::atomic<std::int64_t>& countdown() noexcept {
+  static std::atomic<std::int64_t> c{0};  // > 0: requests left until the fault
+  return c;
+}
+inline std::atomic<std::int64_t>& seen() noexcept {
+  static std::atomic<std::int64_t> n{0};  // requests since the last arming
+  return n;
+}
+inline std::atomic<bool>& fired() noexcept {
+  static std::atomic<bool> f{false};
+  return f;
+}
+}  // namespace detail
+
+/// Arms the fault at the k-th allocation request from now (0: disarms).
+inline void fail_allocation(std::int64_t k) noexcept {
+  detail::seen().store(0, std::memory_order_relaxed);
+  detail::fired().store(false, std::memory_order_relaxed);
+  detail::countdown().store(k > 0 ? k : 0, std::memory_order_release);
+}
+/// Allocation requests counted since the last fail_allocation() call, up to and
+/// including the failed one (arm with a k larger than any step needs to count them).
+[[nodiscard]] inline std::int64_t requests() noexcept { return detail::seen().load(std::memory_order_relaxed); }
+/// Whether the armed fault has been thrown.
+[[nodiscard]] inline bool fired() noexcept { return detail::fired().load(std::memory_order_relaxed); }
+
+/// Called by every allocator at the top of allocate(): true when this request fails.
+inline bool inject() noexcept {
+  auto& c = detail::countdown();
+  std::int64_t left = c.load(std::memory_order_relaxed);
+  if (left == 0) return false;  // disarmed (or fired): the only cost
+  detail::seen().fetch_add(1, std::memory_order_relaxed);
+  while (left > 0) {
+    if (c.compare_exchange_weak(left, left - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      if (left != 1) return false;
+      detail::fired().store(true, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace fault
+
 namespace detail {
 
 inline constexpr std::size_t host_alignment = 64;
@@ -121,6 +174,7 @@ class host_allocator {
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     std::lock_guard lock(mutex_);
+    if (fault::inject()) throw out_of_memory(device_name, bytes, allocated_, allocated_, limit_, "injected fault");
     // A request within two alignments of SIZE_MAX cannot be rounded up, let alone met.
     if (bytes > std::numeric_limits<std::size_t>::max() - 2 * host_alignment)
       throw out_of_memory(device_name, bytes, allocated_, allocated_, limit_, "the system refused");
@@ -332,6 +386,10 @@ class caching_allocator {
 
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    if (fault::inject()) {
+      std::lock_guard lock(mutex_);
+      throw out_of_memory(device_name, bytes, allocated_, reserved_, limit_, "injected fault");
+    }
     if (bytes > max_request_bytes) {
       std::lock_guard lock(mutex_);
       throw out_of_memory(device_name, bytes, allocated_, reserved_, limit_, "the system refused");

@@ -61,12 +61,16 @@ class cross_entropy_state {
     bad_ = zeros<std::int64_t, D>(extents<1>{3});
   }
 
-  /// The mean loss (rank 0, on D); the gradient of scale * loss goes to grad().
-  tensor<A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
-                          double factor = 1.0) {
+  /// The mean loss (rank 0, on D: a view of the state's own buffer, valid until the next
+  /// forward; no allocation); the gradient of scale * loss goes to grad().
+  tensor_view<const A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
+                                     double factor = 1.0) {
     factor_ = static_cast<A>(factor);
     run(logits, labels, true, scale, false);
-    return locus::mean(std::as_const(row_loss_).view());
+    if (!loss_.data_handle()) loss_ = tensor<A, D, 0>(extents<0>{});
+    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(
+        locus::detail::to_expr(std::as_const(row_loss_).view()), loss_, 0.0);
+    return std::as_const(loss_).view();
   }
   [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
 
@@ -125,6 +129,7 @@ class cross_entropy_state {
   std::int64_t tag_ = -1;
   index_t classes_ = 0;
   tensor<A, D, 1> row_loss_, row_correct_;
+  tensor<A, D, 0> loss_;
   tensor<C, D, 2> gx_;
   tensor<std::int64_t, D, 1> bad_;
 };
@@ -140,11 +145,16 @@ class mse_state {
 
   explicit mse_state(mse) {}
 
-  tensor<A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
-                          double factor = 1.0) {
+  /// The mean loss (rank 0, on D: a view of the state's own buffer, valid until the next
+  /// forward; no allocation); the gradient of scale * loss goes to grad().
+  tensor_view<const A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
+                                     double factor = 1.0) {
     factor_ = static_cast<A>(factor);
     run(out, target, true, scale);
-    return locus::mean(std::as_const(d2_).view());
+    if (!loss_.data_handle()) loss_ = tensor<A, D, 0>(extents<0>{});
+    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(
+        locus::detail::to_expr(std::as_const(d2_).view()), loss_, 0.0);
+    return std::as_const(loss_).view();
   }
   [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
 
@@ -175,6 +185,7 @@ class mse_state {
   }
   A factor_ = A(1);
   tensor<A, D, 1> d2_;
+  tensor<A, D, 0> loss_;
   tensor<C, D, 2> gx_;
 };
 

@@ -214,6 +214,32 @@ class parameter_store {
     discarded_.assign(entries_.size(), 1);
     any_discarded_ = !entries_.empty();
   }
+  /// What a failed training step puts back (train::trainer): the deferred-zero flags,
+  /// and with `values` a copy of the gradient buffer (the micro-batches an accumulation
+  /// window already added). Without values, the restore zeroes the buffer: what it holds
+  /// at the start of a window wherever a flag does not defer it.
+  struct grad_snapshot {
+    std::vector<unsigned char> discarded;
+    bool any_discarded = false;
+    tensor<master_type, D, 1> values;  // empty: restore zeros
+  };
+  [[nodiscard]] grad_snapshot snapshot_grad(bool values) const {
+    grad_snapshot s{discarded_, any_discarded_, {}};
+    if (values) {
+      s.values = tensor<master_type, D, 1>(extents<1>{size_});
+      detail::copy_bytes<D, D>(s.values.data_handle(), grad_.data_handle(), grad_.size_bytes());
+    }
+    return s;
+  }
+  void restore_grad(const grad_snapshot& s) {
+    if (s.values.data_handle())
+      detail::copy_bytes<D, D>(grad_.data_handle(), s.values.data_handle(), grad_.size_bytes());
+    else
+      detail::zero_bytes<D>(grad_.data_handle(), grad_.size_bytes());
+    discarded_ = s.discarded;
+    any_discarded_ = s.any_discarded;
+  }
+
   /// Writes the zeros that discard_grad deferred, for the parameters no backward has
   /// written since (none left after a full backward: then it costs a flag test).
   void settle_grad() const {

@@ -922,13 +922,14 @@ void reduce_all_with(tensor<reduce_result_t<K, T>, D, 0>& result, const Ev& ev,
   }
 }
 
-/// Whole-tensor reduction of expression e into a rank-0 tensor on its device.
+/// Whole-tensor reduction of expression e into `result`, an existing rank-0 tensor on
+/// its device (no allocation on the host: what a training step's loss uses).
 template <reduce_kind K, class E>
-auto reduce_all(const E& e, double correction) {
+void reduce_all_into(const E& e, tensor<reduce_result_t<K, typename E::value_type>, typename E::device, 0>& result,
+                     double correction) {
   using T = typename E::value_type;
   using D = typename E::device;
   constexpr std::size_t R = E::rank;
-  tensor<reduce_result_t<K, T>, D, 0> result(extents<0>{});
   const auto shape = e.shape();
   const index_t n = numel_of(shape);
   if constexpr (needs_elements<K>()) {
@@ -943,6 +944,13 @@ auto reduce_all(const E& e, double correction) {
     reduce_all_with<K, T, D>(result, ev, sh, n, flat_reader<decltype(ev), R, true>{ev, sh}, correction);
   else
     reduce_all_with<K, T, D>(result, ev, sh, n, flat_reader<decltype(ev), R, false>{ev, sh}, correction);
+}
+
+/// Whole-tensor reduction of expression e into a new rank-0 tensor on its device.
+template <reduce_kind K, class E>
+auto reduce_all(const E& e, double correction) {
+  tensor<reduce_result_t<K, typename E::value_type>, typename E::device, 0> result(extents<0>{});
+  reduce_all_into<K>(e, result, correction);
   return result;
 }
 

@@ -363,8 +363,22 @@ class trainer {
     auto yv = target(y);
     check_nonempty(xv);
     const bool update = micro_ + 1 == o_.accumulate;
+    // A step that may allocate (a batch shape other than the last step's: buffers grow
+    // or change shape; or every step, where steps allocate temporaries) first saves what
+    // it writes before its last allocation, so that an out_of_memory leaves the trainer
+    // as it was (see enqueue_step's handler).
+    save_for_rollback(steps_allocate || xv.shape() != last_shape_ || !last_shape_valid_);
+    const double lr_before = opt_->lr();
     if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
-    enqueue_step(xv, yv, update, nullptr);
+    try {
+      enqueue_step(xv, yv, update, nullptr);
+    } catch (const out_of_memory&) {
+      opt_->set_lr(lr_before);
+      throw;
+    }
+    rollback_armed_ = false;
+    last_shape_ = xv.shape();
+    last_shape_valid_ = true;
     advance(xv.shape()[0], update);
     if constexpr (device::host_accessible) check();
   }
@@ -375,6 +389,7 @@ class trainer {
   void probe(const X& x, const Y& y) {
     if constexpr (!check_batch<X, Y>()) return;
     drop_graphs();  // probe resizes the buffers the graphs point at
+    last_shape_valid_ = false;
     auto xv = input(x);
     auto yv = target(y);
     try {
@@ -479,6 +494,7 @@ class trainer {
   template <class Loader>
   metrics evaluate(Loader& batches) {
     drop_graphs();  // the loss's buffers may be resized for the test batches
+    last_shape_valid_ = false;
     tensor<A, device, 1> acc = zeros<A, device>(extents<1>{2});
     std::int64_t samples = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -822,17 +838,66 @@ class trainer {
       locus::detail::launch_n<device>(
           1, detail::accumulate_loss_kernel<A>{running_.data_handle(), l.data_handle(), weight, first_bad, vars, micro});
     } catch (const out_of_memory&) {
-      // The weights are untouched (only optimizer steps write them); drop the partial
-      // gradients so the next step starts clean. While capturing, a zero_grad here would
-      // only join the graph that is about to be discarded: graph_step runs it after the
-      // capture ended.
-      if (!capturing_) {
-        model_->parameters().zero_grad();
-        micro_ = 0;
-      }
+      // The weights are untouched (only optimizer steps write them). What the step wrote
+      // before the failed allocation is put back: the dropout counters always, and after
+      // a step that saved them (save_for_rollback) batch norm's buffers and the window's
+      // gradients, so the trainer is as it was and the same step can be retried. A step
+      // that saved no gradients (its batch shape was the last step's, so it was not
+      // expected to allocate) drops the window's partial gradients instead, and the next
+      // step starts a new window. While capturing, a zero_grad here would only join the
+      // graph that is about to be discarded: graph_step runs it after the capture ended.
+      if (!capturing_) rollback();
       throw;
     }
     if (update) optimizer_step(micro);
+  }
+
+  /// Whether steps at an unchanged batch shape still request memory: on cuda (the loss's
+  /// reduction takes temporary storage from the caching allocator) and for f16/bf16 on
+  /// the host (the GEMMs widen their operands to f32 in temporaries). Elsewhere a step
+  /// at the last step's shape allocates nothing (tests/test_faults.cpp checks it).
+  static constexpr bool steps_allocate = !device::host_accessible || ::locus::is_half_v<C>;
+
+  /// Saves what a step writes before it can fail: the dropout counters (into a buffer
+  /// kept between steps: no allocation), and when `full` batch norm's buffers and the
+  /// gradients of the micro-batches this window has already added.
+  void save_for_rollback(bool full) {
+    rollback_armed_ = true;
+    counters_saved_.clear();
+    model_->for_each_layer([&](std::size_t, auto& layer) {
+      if constexpr (requires { layer.counter(); }) counters_saved_.push_back(layer.counter());
+    });
+    buffers_saved_.clear();
+    grad_saved_.reset();
+    if (!full) return;
+    model_->for_each_buffer([&](const std::string&, auto v) {
+      using V = decltype(v);
+      auto copy = std::make_shared<tensor<std::remove_const_t<typename V::element_type>, device, V::rank>>(v.clone());
+      buffers_saved_.push_back([v, copy] { locus::copy(*copy, v); });
+    });
+    grad_saved_.emplace(std::as_const(model_->parameters()).snapshot_grad(micro_ > 0));
+  }
+  /// Puts back what save_for_rollback saved (an out_of_memory inside a step).
+  void rollback() {
+    if (!rollback_armed_) {  // a step that saved nothing (graph mode's eager runs)
+      model_->parameters().zero_grad();
+      micro_ = 0;
+      return;
+    }
+    rollback_armed_ = false;
+    std::size_t c = 0;
+    model_->for_each_layer([&](std::size_t, auto& layer) {
+      if constexpr (requires { layer.counter(); })
+        if (c < counters_saved_.size()) layer.set_counter(counters_saved_[c++]);
+    });
+    for (auto& restore : buffers_saved_) restore();
+    if (grad_saved_) {
+      model_->parameters().restore_grad(*grad_saved_);
+    } else {
+      model_->parameters().zero_grad();
+      micro_ = 0;
+    }
+    last_shape_valid_ = false;  // the buffers may be half grown
   }
 
   /// The fused optimizer step and zero_grad; `loss` (nullptr: none) is added to the
@@ -1179,6 +1244,14 @@ class trainer {
   tensor<std::int64_t, device, 1> diag_;
   std::int64_t window_first_ = 0;  // the first micro-step of the optimizer step being accumulated
   bool capturing_ = false;         // graph mode: enqueue_step runs inside a capture
+  // The last step's batch shape (a step at another may allocate) and what a failed step
+  // puts back (save_for_rollback).
+  extents<input_rank> last_shape_{};
+  bool last_shape_valid_ = false;
+  bool rollback_armed_ = false;
+  std::vector<std::uint64_t> counters_saved_;
+  std::vector<std::function<void()>> buffers_saved_;
+  std::optional<typename Model::store_type::grad_snapshot> grad_saved_;
   tensor<C, device, 1> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };
