@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,8 +139,12 @@ class writer {
   void metadata(const std::string& key, const std::string& value) { meta_[key] = value; }
 
   /// Writes the file atomically: a temporary file in the same directory, flushed to
-  /// disk, then renamed over `path`. A crash leaves the previous file intact.
+  /// disk, then renamed over `path`, and the directory flushed so that the rename is
+  /// durable too. A crash or kill leaves the previous file intact; the temporary file a
+  /// killed writer left (`path.tmp.PID`, PID no longer running) is removed by the next
+  /// save to the same path.
   void save(const std::filesystem::path& path) const {
+    remove_stale_temporaries(path);
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     if (!meta_.empty()) header["__metadata__"] = meta_;
     std::size_t offset = 0;
@@ -187,6 +192,34 @@ class writer {
     if (ec) {
       std::filesystem::remove(tmp);
       throw io_error("locus: cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
+    }
+    // the rename lives in the directory: flush it (best effort: some file systems refuse)
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      (void)::fsync(dfd);
+      (void)::close(dfd);
+    }
+  }
+
+  /// Removes `path.tmp.PID` files whose writer (PID) has exited: what a kill during a
+  /// save leaves behind. A live writer's temporary file is left alone.
+  static void remove_stale_temporaries(const std::filesystem::path& path) {
+    const std::string prefix = path.filename().string() + ".tmp.";
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    std::error_code ec;
+    std::filesystem::directory_iterator it(dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string digits = name.substr(prefix.size());
+      if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      const auto pid = static_cast<pid_t>(std::stol(digits));
+      if (pid <= 0 || pid == ::getpid()) continue;
+      if (::kill(pid, 0) != 0 && errno == ESRCH) {
+        std::error_code rm;
+        std::filesystem::remove(it->path(), rm);
+      }
     }
   }
 
