@@ -295,6 +295,12 @@ class loader {
 
   // ---- consumer side -------------------------------------------------------------
   void advance() {
+    if constexpr (recycles) {  // the batch handed out before: kept for the producer to refill
+      if (current_) {
+        std::lock_guard lock(mutex_);
+        if (spare_.size() < static_cast<std::size_t>(options_.prefetch) + 1) spare_.push_back(std::move(*current_));
+      }
+    }
     current_.reset();  // free the batch handed out before taking the next
     if (!active_) return;
     if (delivered_ == batches_) {
@@ -493,7 +499,7 @@ class loader {
   template <class H>
   batch<H> make_filled(index_t first, index_t count) {
     const index_t f = static_cast<index_t>(source_->features());
-    batch<H> b{tensor<float, H, 2>(extents<2>{count, f}), tensor<std::int64_t, H, 1>(extents<1>{count})};
+    batch<H> b = fresh_batch<H>(count, f);
     float* x = b.x.data_handle();
     std::int64_t* y = b.y.data_handle();
     for (index_t k = 0; k < count; ++k) {
@@ -505,6 +511,26 @@ class loader {
     return b;
   }
 
+  /// A batch of `count` rows to fill: on cpu a spare one of that shape when the consumer
+  /// has handed one back (no allocation per batch in steady state), else a new one.
+  template <class H>
+  batch<H> fresh_batch(index_t count, index_t f) {
+    if constexpr (recycles && std::is_same_v<H, D>) {
+      std::lock_guard lock(mutex_);
+      for (auto it = spare_.begin(); it != spare_.end(); ++it)
+        if (it->x.shape() == extents<2>{count, f}) {
+          batch<H> b = std::move(*it);
+          spare_.erase(it);
+          return b;
+        }
+    }
+    return batch<H>{tensor<float, H, 2>(extents<2>{count, f}), tensor<std::int64_t, H, 1>(extents<1>{count})};
+  }
+
+  // Only pageable cpu batches are recycled: a pinned batch may still be the source of an
+  // asynchronous copy the user started, which must not see it refilled.
+  static constexpr bool recycles = std::is_same_v<D, cpu>;
+
   const Source* source_;
   loader_options options_;
   std::uint64_t epoch_ = 0;
@@ -515,6 +541,7 @@ class loader {
   index_t batches_ = 0, delivered_ = 0;
   bool active_ = false;
   std::optional<batch<D>> current_;
+  std::vector<batch<D>> spare_;  // guarded by mutex_: batches to refill (cpu)
 
   std::mutex mutex_;
   std::condition_variable ready_cv_, space_cv_;

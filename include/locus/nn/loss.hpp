@@ -68,8 +68,8 @@ class cross_entropy_state {
     factor_ = static_cast<A>(factor);
     run(logits, labels, true, scale, false);
     if (!loss_.data_handle()) loss_ = tensor<A, D, 0>(extents<0>{});
-    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(
-        locus::detail::to_expr(std::as_const(row_loss_).view()), loss_, 0.0);
+    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(locus::detail::to_expr(rows(row_loss_)), loss_,
+                                                                     0.0);
     return std::as_const(loss_).view();
   }
   [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
@@ -77,7 +77,7 @@ class cross_entropy_state {
   /// Summed loss and number of correct predictions of one batch (rank 0, on D).
   std::pair<tensor<A, D, 0>, tensor<A, D, 0>> evaluate(const view& logits, const target_view& labels) {
     run(logits, labels, false, nullptr, true);
-    return {locus::sum(std::as_const(row_loss_).view()), locus::sum(std::as_const(row_correct_).view())};
+    return {locus::sum(rows(row_loss_)), locus::sum(rows(row_correct_))};
   }
 
   /// Throws index_error if a label seen since the last check was outside [0, K)
@@ -113,7 +113,10 @@ class cross_entropy_state {
     if (!logits.is_contiguous() || !labels.is_contiguous())
       throw shape_error("locus: cross_entropy needs contiguous logits and labels");
     classes_ = k;
-    if (row_loss_.numel() != n) {
+    rows_ = n;
+    if (row_loss_.numel() < n) {  // grow only: training and evaluation batches share them
+      row_loss_ = tensor<A, D, 1>();
+      row_correct_ = tensor<A, D, 1>();
       row_loss_ = tensor<A, D, 1>(extents<1>{n});
       row_correct_ = tensor<A, D, 1>(extents<1>{n});
     }
@@ -124,10 +127,16 @@ class cross_entropy_state {
     if constexpr (D::host_accessible) check_labels();
   }
 
+  /// The first rows_ entries of a per-row buffer (the batch's).
+  [[nodiscard]] tensor_view<const A, D, 1> rows(const tensor<A, D, 1>& t) const {
+    return std::as_const(t).view().slice(0, rows_);
+  }
+
   A eps_;
   A factor_ = A(1);
   std::int64_t tag_ = -1;
   index_t classes_ = 0;
+  index_t rows_ = 0;
   tensor<A, D, 1> row_loss_, row_correct_;
   tensor<A, D, 0> loss_;
   tensor<C, D, 2> gx_;

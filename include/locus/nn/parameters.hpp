@@ -221,18 +221,21 @@ class parameter_store {
   struct grad_snapshot {
     std::vector<unsigned char> discarded;
     bool any_discarded = false;
-    tensor<master_type, D, 1> values;  // empty: restore zeros
+    bool with_values = false;          // false: restore zeros
+    tensor<master_type, D, 1> values;
   };
-  [[nodiscard]] grad_snapshot snapshot_grad(bool values) const {
-    grad_snapshot s{discarded_, any_discarded_, {}};
-    if (values) {
-      s.values = tensor<master_type, D, 1>(extents<1>{size_});
-      detail::copy_bytes<D, D>(s.values.data_handle(), grad_.data_handle(), grad_.size_bytes());
-    }
-    return s;
+  /// Fills `s` (its copy buffer allocated on first use, then reused: no allocation in
+  /// steady state).
+  void snapshot_grad(grad_snapshot& s, bool values) const {
+    s.discarded.assign(discarded_.begin(), discarded_.end());
+    s.any_discarded = any_discarded_;
+    s.with_values = values;
+    if (!values) return;
+    if (s.values.numel() != size_) s.values = tensor<master_type, D, 1>(extents<1>{size_});
+    detail::copy_bytes<D, D>(s.values.data_handle(), grad_.data_handle(), grad_.size_bytes());
   }
   void restore_grad(const grad_snapshot& s) {
-    if (s.values.data_handle())
+    if (s.with_values)
       detail::copy_bytes<D, D>(grad_.data_handle(), s.values.data_handle(), grad_.size_bytes());
     else
       detail::zero_bytes<D>(grad_.data_handle(), grad_.size_bytes());

@@ -438,7 +438,8 @@ class trainer {
   metrics report() {
     check();
     metrics m;
-    const A total = to<cpu>(running_)(0);
+    A total{};  // read where it lives (no host tensor: report() allocates nothing)
+    locus::detail::copy_bytes<device, cpu>(&total, running_.data_handle(), sizeof total);
     m.samples = running_samples_;
     m.loss = running_samples_ ? static_cast<double>(total) / static_cast<double>(running_samples_) : 0.0;
     m.optimizer_steps = optimizer_steps_;
@@ -867,15 +868,25 @@ class trainer {
     model_->for_each_layer([&](std::size_t, auto& layer) {
       if constexpr (requires { layer.counter(); }) counters_saved_.push_back(layer.counter());
     });
-    buffers_saved_.clear();
-    grad_saved_.reset();
+    rollback_full_ = full;
     if (!full) return;
-    model_->for_each_buffer([&](const std::string&, auto v) {
-      using V = decltype(v);
-      auto copy = std::make_shared<tensor<std::remove_const_t<typename V::element_type>, device, V::rank>>(v.clone());
-      buffers_saved_.push_back([v, copy] { locus::copy(*copy, v); });
-    });
-    grad_saved_.emplace(std::as_const(model_->parameters()).snapshot_grad(micro_ > 0));
+    // the backups, allocated once and reused while the buffers stay where they are
+    buffer_addrs_now_.clear();
+    model_->for_each_buffer([&](const std::string&, auto v) { buffer_addrs_now_.push_back(v.data_handle()); });
+    if (!buffers_ready_ || buffer_addrs_now_ != buffer_addrs_) {
+      buffer_addrs_ = buffer_addrs_now_;
+      buffers_save_.clear();
+      buffers_restore_.clear();
+      model_->for_each_buffer([&](const std::string&, auto v) {
+        using V = decltype(v);
+        auto copy = std::make_shared<tensor<std::remove_const_t<typename V::element_type>, device, V::rank>>(v.shape());
+        buffers_save_.push_back([v, copy] { locus::copy(v, *copy); });
+        buffers_restore_.push_back([v, copy] { locus::copy(*copy, v); });
+      });
+      buffers_ready_ = true;
+    }
+    for (auto& save : buffers_save_) save();
+    std::as_const(model_->parameters()).snapshot_grad(grad_saved_, micro_ > 0);
   }
   /// Puts back what save_for_rollback saved (an out_of_memory inside a step).
   void rollback() {
@@ -890,9 +901,9 @@ class trainer {
       if constexpr (requires { layer.counter(); })
         if (c < counters_saved_.size()) layer.set_counter(counters_saved_[c++]);
     });
-    for (auto& restore : buffers_saved_) restore();
-    if (grad_saved_) {
-      model_->parameters().restore_grad(*grad_saved_);
+    if (rollback_full_) {
+      for (auto& restore : buffers_restore_) restore();
+      model_->parameters().restore_grad(grad_saved_);
     } else {
       model_->parameters().zero_grad();
       micro_ = 0;
@@ -1249,9 +1260,12 @@ class trainer {
   extents<input_rank> last_shape_{};
   bool last_shape_valid_ = false;
   bool rollback_armed_ = false;
+  bool rollback_full_ = false;
+  bool buffers_ready_ = false;
   std::vector<std::uint64_t> counters_saved_;
-  std::vector<std::function<void()>> buffers_saved_;
-  std::optional<typename Model::store_type::grad_snapshot> grad_saved_;
+  std::vector<std::function<void()>> buffers_save_, buffers_restore_;
+  std::vector<const void*> buffer_addrs_, buffer_addrs_now_;
+  typename Model::store_type::grad_snapshot grad_saved_;
   tensor<C, device, 1> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };
