@@ -1142,19 +1142,23 @@ class pinned_resource {
   static constexpr std::string_view device_name = "pinned";
   static constexpr bool stream_ordered = false;
   using event_token = event_pool::token;
+  // raw_allocate and raw_free run under the caching allocator's lock; uses_cuda() is
+  // also asked outside it (the capture query of every allocation), so the two facts it
+  // reads are atomics beside the containers they summarise.
   void* raw_allocate(std::size_t bytes) {
-    if (!fallback_) {
+    if (!fallback_.load(std::memory_order_relaxed)) {
       void* p = nullptr;
       const cudaError_t st =
           event_pool::maybe_capturing([&] { return cudaHostAlloc(&p, bytes, cudaHostAllocDefault); });
       if (st == cudaSuccess) {
         locked_.push_back(p);
+        locked_count_.store(locked_.size(), std::memory_order_release);
         return p;
       }
       (void)cudaGetLastError();
       if (st == cudaErrorMemoryAllocation) return nullptr;
       if (!event_pool::unavailable(st)) LOCUS_CUDA_CHECK(st);  // a real error: throws cuda_error
-      fallback_ = true;  // no driver or no device: page-locking is not available here
+      fallback_.store(true, std::memory_order_release);  // no driver or no device: no page-locking here
     }
     return aligned_host_alloc(bytes);
   }
@@ -1163,6 +1167,7 @@ class pinned_resource {
       if (q == p) {
         q = locked_.back();
         locked_.pop_back();
+        locked_count_.store(locked_.size(), std::memory_order_release);
         (void)cudaFreeHost(p);
         return;
       }
@@ -1172,7 +1177,7 @@ class pinned_resource {
   int place() const noexcept { return 0; }
   int current_place() const noexcept { return uses_cuda() ? event_pool::current_device() : 0; }
   void* stream() const noexcept { return nullptr; }
-  bool fallback() const noexcept { return fallback_; }
+  bool fallback() const noexcept { return fallback_.load(std::memory_order_acquire); }
   // Page-locked blocks (locked_) keep getting events even after a later fallback.
   event_token record_event(int place, void* s) noexcept {
     return uses_cuda() ? events_.record(place, s) : event_token{};
@@ -1186,9 +1191,12 @@ class pinned_resource {
   }
 
  private:
-  bool uses_cuda() const noexcept { return !fallback_ || !locked_.empty(); }
-  bool fallback_ = false;
+  bool uses_cuda() const noexcept {
+    return !fallback_.load(std::memory_order_acquire) || locked_count_.load(std::memory_order_acquire) != 0;
+  }
+  std::atomic<bool> fallback_{false};
   std::vector<void*> locked_;
+  std::atomic<std::size_t> locked_count_{0};
   event_pool events_;
 };
 
