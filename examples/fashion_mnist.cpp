@@ -183,13 +183,28 @@ config parse(int argc, char** argv) {
           },
           "X in (0, 10]"));
   app.add_option("--accumulate", c.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 65536));
-  auto* clip_norm = app.add_option("--clip-grad-norm", c.clip_grad_norm,
-                                   "clip the gradients by their global L2 norm before each step (0: off)")
-                       ->check(CLI::Range(0.0, 1e30));
+  // 0 (off) or an f32 normal number: a bound that would round to 0 or to a denormal in
+  // the step's f32 arithmetic is refused here, naming the option, not later
+  const CLI::Validator clip_bound(
+      [](std::string& v) -> std::string {
+        double x = 0;
+        std::size_t used = 0;
+        try {
+          x = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != v.size() || used == 0) return "'" + v + "' is not a number";
+        if (!(x == 0 || (x >= 1.2e-38 && x <= 1e30))) return "'" + v + "' is not 0 (off) or in [1.2e-38, 1e30]";
+        return {};
+      },
+      "0 or X in [1.2e-38, 1e30]");
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "clip the gradients by their global L2 norm before each step (0: off)")
+      ->check(clip_bound);
   app.add_option("--clip-grad-value", c.clip_grad_value,
                  "clip every gradient to [-X, X] before each step (0: off; not with --clip-grad-norm)")
-      ->check(CLI::Range(0.0, 1e30))
-      ->excludes(clip_norm);
+      ->check(clip_bound);
   app.add_option("--seed", c.seed, "seed of the initial weights and the shuffle (0 to 2^64-1)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
@@ -233,6 +248,8 @@ config parse(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     usage(e.what());
   }
+  if (c.clip_grad_norm > 0 && c.clip_grad_value > 0)
+    usage("--clip-grad-norm and --clip-grad-value are both set; choose one (0 turns either off)");
   c.resume = resume->count() > 0;
   return c;
 }

@@ -27,9 +27,19 @@ PANELS = ("loss", "test accuracy", "learning rate")
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 4.0, 100  # 1200 x 400 pixels
 
 
+def value(text):
+    """A cell as a number to plot; empty, missing (a row from an older log with fewer
+    columns), non-numeric or beyond +-1e300: NaN, which leaves a gap."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) and abs(v) <= 1e300 else math.nan
+
+
 def read(path):
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not a column name
+        rows = [{(k or "").strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
     if not rows:
         raise ValueError(f"{path}: no rows (a header and one row per epoch expected)")
     if "epoch" not in rows[0]:
@@ -37,11 +47,11 @@ def read(path):
     epochs, data = [], {k: [] for k in SERIES if k in rows[0]}
     for i, row in enumerate(rows):
         try:
-            epochs.append(int(row["epoch"]))
-            for k in data:
-                data[k].append(float(row[k]))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: row {i + 2}: {e}") from None
+            epochs.append(int(str(row["epoch"]).strip()))
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: row {i + 2}: epoch {row['epoch']!r} is not an integer") from None
+        for k in data:
+            data[k].append(value(row.get(k)))
     return epochs, data
 
 
@@ -52,6 +62,12 @@ def main():
     ap.add_argument("--title", default=None)
     args = ap.parse_args()
     out = args.png or os.path.splitext(args.csv)[0] + ".png"
+    if not out.lower().endswith(".png"):
+        out += ".png"  # what matplotlib would write anyway; say so
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir):
+        print(f"plot-metrics: the output directory {out_dir} does not exist", file=sys.stderr)
+        return 2
     try:
         epochs, data = read(args.csv)
     except (OSError, ValueError) as e:
@@ -76,8 +92,8 @@ def main():
             continue
         xs, ys = zip(*finite)
         axes[panel].plot(xs, ys, color=colour, label=label, linewidth=2, marker="o", markersize=3)
-    if "lr" in data and data["lr"] and max(data["lr"]) > 0 and min(data["lr"]) > 0 and \
-            max(data["lr"]) / min(data["lr"]) > 100:
+    lrs = [v for v in data.get("lr", []) if math.isfinite(v)]
+    if lrs and min(lrs) > 0 and max(lrs) / min(lrs) > 100:
         axes[2].set_yscale("log")
     axes[0].legend()
     fig.suptitle(args.title or os.path.basename(args.csv))

@@ -3,7 +3,8 @@
 //
 //   #include <locus/fmt.hpp>   // needs {fmt} (Debian: libfmt-dev); link fmt::fmt
 //   fmt::print("{}\n", t);      // tensor([[0.1000, 0.2000], ...], shape=[2, 2], dtype=f32, device=cpu)
-//   fmt::format("{:>90}", t);   // the string's fill, alignment and width apply
+//   fmt::format("{:>90}", t);   // fill, alignment and width apply to the whole text
+//                               // (other specs, such as a precision, are refused)
 //
 // As with operator<<, a cuda tensor or view is a compile error that says to copy it
 // first, and a lazy expression one that says to evaluate it. Opt-in: locus.hpp does not
@@ -29,39 +30,69 @@ std::string fmt_text(const tensor_view<T, D, R>& v) {
   else return {};
 }
 
-/// Parses a string spec (fill, alignment, width); the device rule fires here first, in
-/// the compile-time check of the format string, so it is the first error.
-template <class D, class Base, class Ctx>
-constexpr auto fmt_parse(Base& base, Ctx& ctx) {
-  static_assert(require_printable_device<D>());
-  return base.parse(ctx);
-}
+/// A tensor's format spec: `[[fill]align][width]` (`{:>100}`, `{:*^120}`), applied to the
+/// whole text. Precision, type and debug specs would cut or quote it, so they are
+/// refused (a format_error, at compile time for a literal format string).
+struct tensor_fmt_spec {
+  char fill = ' ';
+  char align = '<';
+  std::size_t width = 0;
+
+  template <class It>
+  constexpr It parse(It it, It end) {
+    auto is_align = [](char c) { return c == '<' || c == '>' || c == '^'; };
+    if (it != end && it + 1 != end && is_align(*(it + 1)) && *it != '}') {
+      fill = *it;
+      align = *(it + 1);
+      it += 2;
+    } else if (it != end && is_align(*it)) {
+      align = *it;
+      ++it;
+    }
+    while (it != end && *it >= '0' && *it <= '9') width = width * 10 + static_cast<std::size_t>(*it++ - '0');
+    if (it != end && *it != '}')
+      throw fmt::format_error("locus: a tensor's format spec is [[fill]align][width], e.g. {:>100}");
+    return it;
+  }
+
+  template <class Out>
+  Out write(Out out, const std::string& s) const {
+    const std::size_t pad = width > s.size() ? width - s.size() : 0;
+    const std::size_t before = align == '>' ? pad : align == '^' ? pad / 2 : 0;
+    for (std::size_t i = 0; i < before; ++i) *out++ = fill;
+    for (const char c : s) *out++ = c;
+    for (std::size_t i = before; i < pad; ++i) *out++ = fill;
+    return out;
+  }
+};
 
 }  // namespace locus::detail
 
 template <class T, class D, std::size_t R>
-struct fmt::formatter<locus::tensor_view<T, D, R>> : fmt::formatter<fmt::string_view> {
+struct fmt::formatter<locus::tensor_view<T, D, R>> {
+  locus::detail::tensor_fmt_spec spec;
   constexpr auto parse(fmt::format_parse_context& ctx) {
-    return locus::detail::fmt_parse<D>(static_cast<fmt::formatter<fmt::string_view>&>(*this), ctx);
+    static_assert(locus::detail::require_printable_device<D>());
+    return spec.parse(ctx.begin(), ctx.end());
   }
   // the return type spelled out: fmt's formattability probe then does not instantiate
   // the body, and the device rule in parse() is the first error
   template <class FormatContext>
   typename FormatContext::iterator format(const locus::tensor_view<T, D, R>& v, FormatContext& ctx) const {
-    const std::string s = locus::detail::fmt_text(v);
-    return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
+    return spec.write(ctx.out(), locus::detail::fmt_text(v));
   }
 };
 
 template <class T, class D, std::size_t R>
-struct fmt::formatter<locus::tensor<T, D, R>> : fmt::formatter<fmt::string_view> {
+struct fmt::formatter<locus::tensor<T, D, R>> {
+  locus::detail::tensor_fmt_spec spec;
   constexpr auto parse(fmt::format_parse_context& ctx) {
-    return locus::detail::fmt_parse<D>(static_cast<fmt::formatter<fmt::string_view>&>(*this), ctx);
+    static_assert(locus::detail::require_printable_device<D>());
+    return spec.parse(ctx.begin(), ctx.end());
   }
   template <class FormatContext>
   typename FormatContext::iterator format(const locus::tensor<T, D, R>& t, FormatContext& ctx) const {
-    const std::string s = locus::detail::fmt_text(t.view());
-    return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
+    return spec.write(ctx.out(), locus::detail::fmt_text(t.view()));
   }
 };
 

@@ -362,6 +362,7 @@ def main():
                         (["--clip-grad-value", "-1"], "--clip-grad-value"),
                         (["--plot", "x.png"], "--plot"),
                         (["--clip-grad-value", "1", "--clip-grad-norm", "1"], "--clip-grad-norm"),
+                        (["--clip-grad-value", "1e-45"], "--clip-grad-value"),
                         (["--augment", "maybe"], "--augment")):
         out, err = run(binary, *bad, expect=2)
         if option not in err or out:

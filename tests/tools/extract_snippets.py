@@ -19,15 +19,15 @@ import sys
 def blocks(path):
     with open(path) as f:
         lines = f.read().splitlines()
-    out, cur = [], None
+    out, cur, indent = [], None, 0
     for line in lines:
-        if cur is None and line.strip() == "```cpp":
-            cur = []
+        if cur is None and line.strip() in ("```cpp", "```c++", "```cxx", "```cu", "```cuda"):
+            cur, indent = [], len(line) - len(line.lstrip())  # a fence inside a list is indented
         elif cur is not None and line.strip() == "```":
             out.append(cur)
             cur = None
         elif cur is not None:
-            cur.append(line)
+            cur.append(line[indent:] if line[:indent].strip() == "" else line)
     return out
 
 
@@ -41,9 +41,12 @@ def unit(block, origin):
         for l in block:
             if l.startswith("#include"):
                 outside.append(l)
-            elif in_type or re.match(r"^(struct|class|enum|template\s*<)", l):
+            elif in_type:
                 outside.append(l)
-                in_type = not l.startswith("};")
+                in_type = not l.startswith("}")
+            elif re.match(r"^(struct|class|enum|template\s*<)", l):
+                outside.append(l)
+                in_type = not l.rstrip().endswith(("};", "}"))  # a whole definition on one line ends here
             else:
                 body.append(l)
         text = "\n".join(outside + ["", "int main() {"] + ["  " + l if l else l for l in body] + ["}"])

@@ -61,16 +61,19 @@ class cross_entropy_state {
     bad_ = zeros<std::int64_t, D>(extents<1>{3});
   }
 
-  /// The mean loss (rank 0, on D: a view of the state's own buffer, valid until the next
-  /// forward; no allocation); the gradient of scale * loss goes to grad().
-  tensor_view<const A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
-                                     double factor = 1.0) {
+  /// The mean loss (rank 0, on D); the gradient of scale * loss goes to grad().
+  tensor<A, D, 0> forward(const view& logits, const target_view& labels, const float* scale = nullptr,
+                          double factor = 1.0) {
+    tensor<A, D, 0> out(extents<0>{});
+    forward_into(out, logits, labels, scale, factor);
+    return out;
+  }
+  /// forward writing the mean loss into `out` (what the trainer calls: no allocation).
+  void forward_into(tensor<A, D, 0>& out, const view& logits, const target_view& labels, const float* scale = nullptr,
+                    double factor = 1.0) {
     factor_ = static_cast<A>(factor);
     run(logits, labels, true, scale, false);
-    if (!loss_.data_handle()) loss_ = tensor<A, D, 0>(extents<0>{});
-    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(locus::detail::to_expr(rows(row_loss_)), loss_,
-                                                                     0.0);
-    return std::as_const(loss_).view();
+    locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(locus::detail::to_expr(rows(row_loss_)), out, 0.0);
   }
   [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
 
@@ -138,7 +141,6 @@ class cross_entropy_state {
   index_t classes_ = 0;
   index_t rows_ = 0;
   tensor<A, D, 1> row_loss_, row_correct_;
-  tensor<A, D, 0> loss_;
   tensor<C, D, 2> gx_;
   tensor<std::int64_t, D, 1> bad_;
 };
@@ -154,16 +156,20 @@ class mse_state {
 
   explicit mse_state(mse) {}
 
-  /// The mean loss (rank 0, on D: a view of the state's own buffer, valid until the next
-  /// forward; no allocation); the gradient of scale * loss goes to grad().
-  tensor_view<const A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
-                                     double factor = 1.0) {
+  /// The mean loss (rank 0, on D); the gradient of scale * loss goes to grad().
+  tensor<A, D, 0> forward(const view& out, const target_view& target, const float* scale = nullptr,
+                          double factor = 1.0) {
+    tensor<A, D, 0> l(extents<0>{});
+    forward_into(l, out, target, scale, factor);
+    return l;
+  }
+  /// forward writing the mean loss into `l` (what the trainer calls: no allocation).
+  void forward_into(tensor<A, D, 0>& l, const view& out, const target_view& target, const float* scale = nullptr,
+                    double factor = 1.0) {
     factor_ = static_cast<A>(factor);
     run(out, target, true, scale);
-    if (!loss_.data_handle()) loss_ = tensor<A, D, 0>(extents<0>{});
     locus::detail::reduce_all_into<locus::detail::reduce_kind::mean>(
-        locus::detail::to_expr(std::as_const(d2_).view()), loss_, 0.0);
-    return std::as_const(loss_).view();
+        locus::detail::to_expr(std::as_const(d2_).view()), l, 0.0);
   }
   [[nodiscard]] view grad() const { return std::as_const(gx_).view(); }
 
@@ -194,7 +200,6 @@ class mse_state {
   }
   A factor_ = A(1);
   tensor<A, D, 1> d2_;
-  tensor<A, D, 0> loss_;
   tensor<C, D, 2> gx_;
 };
 

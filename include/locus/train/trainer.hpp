@@ -367,7 +367,8 @@ class trainer {
     // or change shape; or every step, where steps allocate temporaries) first saves what
     // it writes before its last allocation, so that an out_of_memory leaves the trainer
     // as it was (see enqueue_step's handler).
-    save_for_rollback(steps_allocate || xv.shape() != last_shape_ || !last_shape_valid_);
+    const bool new_shape = xv.shape() != last_shape_ || !last_shape_valid_;
+    save_for_rollback(steps_allocate || new_shape || has_hooks(), new_shape);
     const double lr_before = opt_->lr();
     if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
     try {
@@ -377,6 +378,7 @@ class trainer {
       throw;
     }
     rollback_armed_ = false;
+    grad_saved_.values = {};  // a window's gradient backup lives for one step only
     last_shape_ = xv.shape();
     last_shape_valid_ = true;
     advance(xv.shape()[0], update);
@@ -392,15 +394,21 @@ class trainer {
     last_shape_valid_ = false;
     auto xv = input(x);
     auto yv = target(y);
+    // a probe trains nothing: batch norm's running statistics and the dropout counters
+    // are put back afterwards, as the gradients are zeroed
+    save_for_rollback(true, false);
+    rollback_armed_ = false;
     try {
       auto out = model_->forward(xv);
       auto l = loss_.forward(out, yv, nullptr, 1.0);
       (void)l;
       model_->backward(loss_.grad());
     } catch (...) {
+      restore_counters_and_buffers();
       model_->parameters().zero_grad();
       throw;
     }
+    restore_counters_and_buffers();
     model_->parameters().zero_grad();
   }
 
@@ -625,6 +633,12 @@ class trainer {
                 "trainer) from the model that trains: locus::optim::adamw<D> opt(model.parameters())");
   }
 
+  static std::string number_text(double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
+  }
+
   void init() {
     if (o_.accumulate < 1)
       throw ::locus::value_error("locus: trainer accumulate must be >= 1, got " + std::to_string(o_.accumulate));
@@ -633,7 +647,7 @@ class trainer {
       throw ::locus::value_error(
           "locus: trainer clip_grad_norm must be 0 (no clipping) or a finite number from 1.2e-38 to 3.4e38 (the "
           "f32 range the step computes in), got " +
-          std::to_string(o_.clip_grad_norm));
+          number_text(o_.clip_grad_norm));
     if (o_.clip_grad_norm > 0.0 && !fused())
       throw ::locus::value_error(
           "locus: trainer clip_grad_norm needs the fused optimizer step (adamw or sgd, with a grad scaler or "
@@ -643,7 +657,7 @@ class trainer {
       throw ::locus::value_error(
           "locus: trainer clip_grad_value must be 0 (no clipping) or a finite number from 1.2e-38 to 3.4e38 (the "
           "f32 range the step computes in), got " +
-          std::to_string(o_.clip_grad_value));
+          number_text(o_.clip_grad_value));
     if (o_.clip_grad_value > 0.0 && o_.clip_grad_norm > 0.0)
       throw ::locus::value_error(
           "locus: trainer clip_grad_norm and clip_grad_value are both set; choose one (PyTorch applies whichever "
@@ -811,7 +825,13 @@ class trainer {
       const float* scale = nullptr;
       if constexpr (has_scaler) scale = scaler_->scale_ptr();
       if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(vars ? -1 : micro);
-      auto l = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
+      // the mean loss into the trainer's own rank-0 buffer: a step allocates nothing for it
+      if (!step_loss_.data_handle()) step_loss_ = tensor<A, device, 0>(extents<0>{});
+      if constexpr (requires { loss_.forward_into(step_loss_, out, yv, scale, 1.0); })
+        loss_.forward_into(step_loss_, out, yv, scale, 1.0 / o_.accumulate);
+      else
+        step_loss_ = loss_.forward(out, yv, scale, 1.0 / o_.accumulate);
+      const auto& l = step_loss_;
       if constexpr (!requires { model_->set_gradients_final(std::function<void(index_t)>{}); }) {
         model_->backward(loss_.grad());
       } else if (update && grad_final_) {
@@ -860,8 +880,66 @@ class trainer {
   static constexpr bool steps_allocate = !device::host_accessible || ::locus::is_half_v<C>;
 
   /// Saves what a step writes before it can fail: the dropout counters (into a buffer
-  /// kept between steps: no allocation), and when `full` batch norm's buffers and the
-  /// gradients of the micro-batches this window has already added.
+  /// kept between steps: no allocation), and when `full` (the step may allocate) batch
+  /// norm's buffers (backups allocated once) and the gradient state: at a window's first
+  /// micro-batch only the deferred-zero flags; later in a window, at a new batch shape
+  /// (`new_shape`), a copy of the gradients, allocated for this step only and skipped
+  /// when memory does not allow it. Without that copy a failed step drops the window's
+  /// earlier micro-batches and the next step starts a new window.
+  void save_for_rollback(bool full, bool new_shape) {
+    grad_saved_.with_values = false;
+    grads_saved_ = false;
+    rollback_armed_ = true;
+    counters_saved_.clear();
+    model_->for_each_layer([&](std::size_t, auto& layer) {
+      if constexpr (requires { layer.counter(); }) counters_saved_.push_back(layer.counter());
+    });
+    rollback_full_ = full;
+    if (!full) return;
+    // the backups, allocated once and reused while the buffers stay where they are
+    buffer_addrs_now_.clear();
+    model_->for_each_buffer([&](const std::string&, auto v) { buffer_addrs_now_.push_back(v.data_handle()); });
+    if (!buffers_ready_ || buffer_addrs_now_ != buffer_addrs_) {
+      buffer_addrs_ = buffer_addrs_now_;
+      buffers_save_.clear();
+      buffers_restore_.clear();
+      model_->for_each_buffer([&](const std::string&, auto v) {
+        using V = decltype(v);
+        auto copy = std::make_shared<tensor<std::remove_const_t<typename V::element_type>, device, V::rank>>(v.shape());
+        buffers_save_.push_back([v, copy] { locus::copy(v, *copy); });
+        buffers_restore_.push_back([v, copy] { locus::copy(*copy, v); });
+      });
+      buffers_ready_ = true;
+    }
+    for (auto& save : buffers_save_) save();
+    if (micro_ == 0 || new_shape) {
+      try {
+        std::as_const(model_->parameters()).snapshot_grad(grad_saved_, micro_ > 0);
+        grads_saved_ = true;
+      } catch (const out_of_memory&) {
+        grad_saved_.values = {};  // no room for the copy: the window restarts if the step fails
+      }
+    }
+  }
+  /// The dropout counters, and batch norm's buffers when they were saved.
+  void restore_counters_and_buffers() {
+    std::size_t c = 0;
+    model_->for_each_layer([&](std::size_t, auto& layer) {
+      if constexpr (requires { layer.counter(); })
+        if (c < counters_saved_.size()) layer.set_counter(counters_saved_[c++]);
+    });
+    if (rollback_full_)
+      for (auto& restore : buffers_restore_) restore();
+  }
+
+  /// Whether any layer has a hook (user code in the forward, which may allocate).
+  bool has_hooks() const {
+    bool any = false;
+    std::as_const(*model_).for_each_layer([&](std::size_t, const auto& layer) {
+      if constexpr (requires { layer.has_hooks(); }) any = any || layer.has_hooks();
+    });
+    return any;
+  }
   void save_for_rollback(bool full) {
     rollback_armed_ = true;
     counters_saved_.clear();
@@ -896,18 +974,14 @@ class trainer {
       return;
     }
     rollback_armed_ = false;
-    std::size_t c = 0;
-    model_->for_each_layer([&](std::size_t, auto& layer) {
-      if constexpr (requires { layer.counter(); })
-        if (c < counters_saved_.size()) layer.set_counter(counters_saved_[c++]);
-    });
-    if (rollback_full_) {
-      for (auto& restore : buffers_restore_) restore();
+    restore_counters_and_buffers();
+    if (grads_saved_) {
       model_->parameters().restore_grad(grad_saved_);
     } else {
       model_->parameters().zero_grad();
       micro_ = 0;
     }
+    grad_saved_.values = {};
     last_shape_valid_ = false;  // the buffers may be half grown
   }
 
@@ -1260,7 +1334,9 @@ class trainer {
   extents<input_rank> last_shape_{};
   bool last_shape_valid_ = false;
   bool rollback_armed_ = false;
+  tensor<A, device, 0> step_loss_;  // the step's mean loss (enqueue_step)
   bool rollback_full_ = false;
+  bool grads_saved_ = false;
   bool buffers_ready_ = false;
   std::vector<std::uint64_t> counters_saved_;
   std::vector<std::function<void()>> buffers_save_, buffers_restore_;
