@@ -411,12 +411,15 @@ class pending {
                   "std::move(p).get() (the tensor itself)");
     return nullptr;
   }
+  // A deduced return type: `float x = p(0, 0);` instantiates the body (and its rule)
+  // before the compiler could complain about converting void.
   template <class... I>
-  void operator()(I...) const {
+  auto operator()(I...) const {
     static_assert(detail::always_false<I...>,
                   "locus: the destination of an asynchronous copy can only be reached "
                   "through get(), which waits for the copy; write p.get()(i, ...) after the "
                   "copy, on a host-accessible destination");
+    return typename V::element_type{};
   }
   template <class T2, class D2, std::size_t R2>
   operator tensor<T2, D2, R2>() const {
