@@ -6,6 +6,8 @@
 // producer and consumer in tests/python/dlpack_numpy.py.
 #include <doctest/doctest.h>
 
+#if defined(LOCUS_TEST_HAS_DLPACK) && LOCUS_TEST_HAS_DLPACK
+
 #include <locus/interop/dlpack.hpp>
 #include <locus/locus.hpp>
 
@@ -452,3 +454,4 @@ TEST_CASE("dlpack: a cuda tensor is kDLCUDA with its GPU's id and comes back zer
   CHECK(g_locus_deletes == before + 1);
 }
 #endif
+#endif  // LOCUS_TEST_HAS_DLPACK
