@@ -81,6 +81,21 @@
 #include "../backend/cuda/runtime.hpp"
 #endif
 
+// LOCUS_SHARED_STATE marks the accessors of the state that must be one per process, the
+// allocators and the fault injector (function-local statics in inline functions): a
+// shared library built with -fvisibility=hidden would otherwise keep its own copy of each
+// (its own cpu allocator, statistics, limit and armed fault) apart from the program's.
+// With the attribute every DSO built with these headers exports them and the dynamic
+// linker binds all to one copy (tests/package/dso/). Define it empty before including
+// locus to keep a DSO's allocators private (then no tensor may cross its boundary).
+#ifndef LOCUS_SHARED_STATE
+#  if defined(__GNUC__) || defined(__clang__)
+#    define LOCUS_SHARED_STATE __attribute__((visibility("default")))
+#  else
+#    define LOCUS_SHARED_STATE
+#  endif
+#endif
+
 namespace locus {
 
 /// What an allocator holds. The numbers behind PyTorch's memory_allocated() and
@@ -110,15 +125,15 @@ struct memory_statistics {
 namespace fault {
 
 namespace detail {
-inline std::atomic<std::int64_t>& countdown() noexcept {
+LOCUS_SHARED_STATE inline std::atomic<std::int64_t>& countdown() noexcept {
   static std::atomic<std::int64_t> c{0};  // > 0: requests left until the fault
   return c;
 }
-inline std::atomic<std::int64_t>& seen() noexcept {
+LOCUS_SHARED_STATE inline std::atomic<std::int64_t>& seen() noexcept {
   static std::atomic<std::int64_t> n{0};  // requests since the last arming
   return n;
 }
-inline std::atomic<bool>& fired() noexcept {
+LOCUS_SHARED_STATE inline std::atomic<bool>& fired() noexcept {
   static std::atomic<bool> f{false};
   return f;
 }
@@ -1248,21 +1263,24 @@ class cuda_resource {
 /// compiled into every file that may destroy a stream (locus::stream's destructor)
 /// does not instantiate the allocators (about 0.1 s of every user file's compile); an
 /// allocator that was never created holds no blocks to release.
-inline std::atomic<void (*)(void*)>& stream_release_hook(int which) noexcept {
+LOCUS_SHARED_STATE inline std::atomic<void (*)(void*)>& stream_release_hook(int which) noexcept {
   static std::atomic<void (*)(void*)> hooks[2] = {nullptr, nullptr};
   return hooks[which];
 }
 #endif
 
-template <class D>
-auto& allocator_for() {
-  require_device_enabled<D>();
-  if constexpr (std::is_same_v<typename D::allocator, host_allocator_kind>) {
+/// The storage of the allocators, by kind (0: cpu, 1: pinned, 2: cuda). The kind is an
+/// int rather than the device type because g++ and clang++ give an instantiation the
+/// visibility of its template arguments: under -fvisibility=hidden the device tags are
+/// hidden, which would make allocator_for<cpu>'s static hidden despite the attribute.
+template <int Kind>
+LOCUS_SHARED_STATE auto& allocator_instance() {
+  if constexpr (Kind == 0) {
     static auto* a = new host_allocator();
     return *a;
   }
 #if LOCUS_HAS_CUDA
-  else if constexpr (std::is_same_v<typename D::allocator, pinned_allocator_kind>) {
+  else if constexpr (Kind == 1) {
     static caching_allocator<pinned_resource>* const a = [] {
       static caching_allocator<pinned_resource>* const made = new caching_allocator<pinned_resource>();
       stream_release_hook(1).store(+[](void* s) { made->release_stream(s); }, std::memory_order_release);
@@ -1279,8 +1297,28 @@ auto& allocator_for() {
   }
 #else
   else {
-    static auto* a = new host_allocator();  // unreachable: require_device_enabled fired
+    static_assert(Kind == 0, "locus: no caching allocator without CUDA");
+    static auto* a = new host_allocator();
     return *a;
+  }
+#endif
+}
+
+template <class D>
+auto& allocator_for() {
+  require_device_enabled<D>();
+  if constexpr (std::is_same_v<typename D::allocator, host_allocator_kind>) {
+    return allocator_instance<0>();
+  }
+#if LOCUS_HAS_CUDA
+  else if constexpr (std::is_same_v<typename D::allocator, pinned_allocator_kind>) {
+    return allocator_instance<1>();
+  } else {
+    return allocator_instance<2>();
+  }
+#else
+  else {
+    return allocator_instance<0>();  // unreachable: require_device_enabled fired
   }
 #endif
 }
