@@ -160,6 +160,9 @@ inline config parse_options(int argc, const char* const* argv) {
   }
   if (c.clip_grad_norm > 0 && c.clip_grad_value > 0)
     throw usage_error("--clip-grad-norm and --clip-grad-value are both set; choose one (0 turns either off)");
+  // CLI11's needs() is satisfied by an empty value (`--log '' --plot m.png`, found by
+  // tests/fuzz/fuzz_options.cpp): the log the plot reads must be a file
+  if (!c.plot.empty() && c.log.empty()) throw usage_error("--plot needs --log FILE.csv (the log it draws)");
   c.resume = resume->count() > 0;
   return c;
 }

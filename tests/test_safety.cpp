@@ -259,3 +259,17 @@ TEST_CASE("a loader with a batch larger than anything counts its batches without
   for (auto& [bx, by] : l) seen += bx.extent(0) + 0 * by.extent(0);
   CHECK(seen == 10);
 }
+
+TEST_CASE("shapes: strides and element counts of extreme shapes saturate instead of overflowing") {
+  // found by the structure-aware safetensors fuzzer: an empty tensor [0, 2^63 - 1, 2]
+  constexpr auto big = std::numeric_limits<locus::index_t>::max();
+  const locus::extents<3> s{0, big, 2};
+  const auto st = locus::detail::contiguous_strides(s);
+  CHECK(st[2] == 1);
+  CHECK(st[1] == 2);
+  CHECK(st[0] == big);  // saturated: 2 * (2^63 - 1)
+  CHECK(locus::detail::numel_of(s) == 0);
+  CHECK(locus::detail::numel_of(locus::extents<2>{big, 2}) == big);
+  CHECK(locus::detail::mul_saturated(big, big) == big);
+  CHECK(locus::detail::mul_saturated(3, 5) == 15);
+}

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -264,6 +265,115 @@ void write_seeds(const std::filesystem::path& dir) {
 }
 
 }  // namespace
+
+// ---- structure-aware mutation ------------------------------------------------------
+// Most byte-level mutations of a safetensors file break its JSON, and the parser rejects
+// it before the reader's own checks run. Half the time (and always when the header is
+// valid JSON), this mutator instead parses the header, changes one thing in it, and
+// writes it back with a fresh length prefix (sometimes a wrong one), keeping the data
+// section: a hostile number in a shape or an offset (0, -1, 2^31, 2^53 + 1, 2^63 - 1,
+// 2^64, 1e308, a fraction, a string), offsets swapped, overlapping, past the end or
+// reversed, a dtype from the list of every dtype name (and a few that are not), a
+// duplicate-looking or unicode name, deep nesting, a rank changed, the metadata given a
+// non-string value, an entry removed or copied. Otherwise libFuzzer's own mutation.
+namespace {
+
+std::uint64_t next(std::uint64_t& s) {  // splitmix64
+  s += 0x9e3779b97f4a7c15ull;
+  std::uint64_t z = s;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+nlohmann::json hostile_number(std::uint64_t& r) {
+  switch (next(r) % 12) {
+    case 0: return 0;
+    case 1: return -1;
+    case 2: return std::int64_t{1} << 31;
+    case 3: return (std::int64_t{1} << 53) + 1;
+    case 4: return std::numeric_limits<std::int64_t>::max();
+    case 5: return std::numeric_limits<std::uint64_t>::max();
+    case 6: return 1e308;
+    case 7: return 2.5;
+    case 8: return "7";
+    case 9: return nullptr;
+    case 10: return static_cast<std::int64_t>(next(r) % 64);
+    default: return static_cast<std::int64_t>(next(r) % 100000);
+  }
+}
+
+bool mutate_header(nlohmann::json& h, std::uint64_t& r, std::uint64_t data_bytes) {
+  std::vector<std::string> names;
+  for (auto it = h.begin(); it != h.end(); ++it)
+    if (it.key() != "__metadata__" && it->is_object()) names.push_back(it.key());
+  const std::uint64_t what = next(r) % 11;
+  if (what == 0) {  // metadata with a value that is not a string, or nested
+    h["__metadata__"]["epoch"] = next(r) % 2 ? nlohmann::json(hostile_number(r)) : nlohmann::json::array({1, {2}});
+    return true;
+  }
+  if (what == 1) {  // deep nesting somewhere
+    nlohmann::json deep = 1;
+    for (int i = 0; i < 200; ++i) deep = nlohmann::json::array({deep});
+    h[names.empty() ? std::string("x") : names[next(r) % names.size()]]["shape"] = deep;
+    return true;
+  }
+  if (names.empty()) return false;
+  nlohmann::json& e = h[names[next(r) % names.size()]];
+  static const char* dtypes[] = {"F32", "F64", "F16", "BF16", "I32", "I64", "U8", "BOOL", "I8", "I16", "U16",
+                                 "U32", "U64", "C64", "F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "f32", "", "F33"};
+  switch (what) {
+    case 2: e["dtype"] = dtypes[next(r) % (sizeof dtypes / sizeof *dtypes)]; break;
+    case 3:
+      if (e["shape"].is_array() && !e["shape"].empty()) e["shape"][next(r) % e["shape"].size()] = hostile_number(r);
+      else e["shape"] = nlohmann::json::array({hostile_number(r)});
+      break;
+    case 4:  // rank changed: an extent added or removed
+      if (e["shape"].is_array() && !e["shape"].empty() && next(r) % 2) e["shape"].erase(e["shape"].size() - 1);
+      else e["shape"].push_back(next(r) % 4);
+      break;
+    case 5: e["data_offsets"][next(r) % 2] = hostile_number(r); break;
+    case 6:  // reversed, past the end, or overlapping another tensor's
+      if (next(r) % 3 == 0) e["data_offsets"] = {data_bytes, data_bytes + 1 + next(r) % 16};
+      else if (next(r) % 2) e["data_offsets"] = {8, 4};
+      else e["data_offsets"] = h[names[0]]["data_offsets"];
+      break;
+    case 7: h.erase(names[next(r) % names.size()]); break;
+    case 8: h[names[next(r) % names.size()] + (next(r) % 2 ? " " : "\u00e9")] = e; break;
+    case 9: e.erase(next(r) % 2 ? "shape" : "data_offsets"); break;
+    default: e["extra"] = hostile_number(r); break;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);
+
+extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size, std::size_t max_size,
+                                               unsigned int seed) {
+  std::uint64_t r = seed;
+  std::uint64_t n = 0;
+  if (size >= 8)
+    for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(data[i]) << (8 * i);
+  nlohmann::json h;
+  const bool json_ok = size >= 8 && n <= size - 8 &&
+                       !(h = nlohmann::json::parse(data + 8, data + 8 + n, nullptr, false)).is_discarded() &&
+                       h.is_object();
+  if (!json_ok || next(r) % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  if (!mutate_header(h, r, size - 8 - n)) return LLVMFuzzerMutate(data, size, max_size);
+  const std::string text = h.dump();
+  const std::size_t body = size - 8 - n;
+  const std::size_t out = 8 + text.size() + body;
+  if (out > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::vector<std::uint8_t> tail(data + 8 + n, data + size);
+  std::uint64_t len = text.size();
+  if (next(r) % 16 == 0) len += (next(r) % 2 ? 1 : std::uint64_t{1} << 40);  // a wrong prefix, now and then
+  for (int i = 0; i < 8; ++i) data[i] = static_cast<std::uint8_t>(len >> (8 * i));
+  std::memcpy(data + 8, text.data(), text.size());
+  if (!tail.empty()) std::memcpy(data + 8 + text.size(), tail.data(), tail.size());
+  return out;
+}
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("LOCUS_FUZZ_SEED_DIR"); dir && *dir) write_seeds(dir);

@@ -360,7 +360,7 @@ def main():
                         (["--accumulate", "1.5"], "--accumulate"), (["--device", "gpu"], "--device"),
                         (["--clip-grad-norm", "-1"], "--clip-grad-norm"), (["--model", "rnn"], "--model"),
                         (["--clip-grad-value", "-1"], "--clip-grad-value"),
-                        (["--plot", "x.png"], "--plot"),
+                        (["--plot", "x.png"], "--plot"), (["--log", "", "--plot", "x.png"], "--plot"),
                         (["--clip-grad-value", "1", "--clip-grad-norm", "1"], "--clip-grad-norm"),
                         (["--clip-grad-value", "1e-45"], "--clip-grad-value"),
                         (["--augment", "maybe"], "--augment")):

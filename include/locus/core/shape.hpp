@@ -76,22 +76,34 @@ index_t checked_numel(const extents<R>& s, std::size_t elem_size) {
   return n;
 }
 
+/// a * b for non-negative extents and strides, saturated at index_t's maximum instead of
+/// overflowing (found by the structure-aware safetensors fuzzer: a tensor of shape
+/// [0, 2^63 - 1, 2] made contiguous_strides overflow).
+inline index_t mul_saturated(index_t a, index_t b) noexcept {
+  index_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::numeric_limits<index_t>::max();
+  return r;
+}
+
 template <std::size_t R>
 index_t numel_of(const extents<R>& s) noexcept {
   for (std::size_t i = 0; i < R; ++i)
     if (s[i] == 0) return 0;  // before multiplying: [0, huge, huge] must not overflow
   index_t n = 1;
-  for (std::size_t i = 0; i < R; ++i) n *= s[i];
+  for (std::size_t i = 0; i < R; ++i) n = mul_saturated(n, s[i]);
   return n;
 }
 
+/// Row-major strides. Products past index_t's range saturate (no undefined behaviour):
+/// they occur only for shapes whose element count is 0 (a zero extent beside huge ones)
+/// or beyond anything allocatable, where no element is ever addressed through them.
 template <std::size_t R>
 extents<R> contiguous_strides(const extents<R>& s) noexcept {
   extents<R> st{};
   index_t acc = 1;
   for (std::size_t i = R; i-- > 0;) {
     st[i] = acc;
-    acc *= s[i];
+    acc = mul_saturated(acc, s[i]);
   }
   return st;
 }
