@@ -361,8 +361,13 @@ extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t s
                        !(h = nlohmann::json::parse(data + 8, data + 8 + n, nullptr, false)).is_discarded() &&
                        h.is_object();
   if (!json_ok || next(r) % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
-  if (!mutate_header(h, r, size - 8 - n)) return LLVMFuzzerMutate(data, size, max_size);
-  const std::string text = h.dump();
+  std::string text;
+  try {  // a header of unexpected types (a shape that is a string, ...) stops the edit
+    if (!mutate_header(h, r, size - 8 - n)) return LLVMFuzzerMutate(data, size, max_size);
+    text = h.dump();
+  } catch (const nlohmann::json::exception&) {
+    return LLVMFuzzerMutate(data, size, max_size);
+  }
   const std::size_t body = size - 8 - n;
   const std::size_t out = 8 + text.size() + body;
   if (out > max_size) return LLVMFuzzerMutate(data, size, max_size);
