@@ -36,48 +36,9 @@ def check(cond, what):
         failures.append(what)
 
 
-shim = ctypes.CDLL(sys.argv[1])
-shim.locus_shim_make_f32.restype = ctypes.c_void_p
-shim.locus_shim_make_f32.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-shim.locus_shim_make_i64.restype = ctypes.c_void_p
-shim.locus_shim_make_i64.argtypes = [ctypes.c_int]
-shim.locus_shim_data_pointer.restype = ctypes.c_size_t
-shim.locus_shim_data_pointer.argtypes = [ctypes.c_void_p]
-shim.locus_shim_consume_f32_2d.restype = ctypes.c_int
-shim.locus_shim_consume_f32_2d.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
-                                           ctypes.c_int]
-shim.locus_shim_consume_bool_1d.restype = ctypes.c_int
-shim.locus_shim_consume_bool_1d.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p,
-                                            ctypes.c_int]
-shim.locus_shim_cpu_allocated_bytes.restype = ctypes.c_longlong
+from dlpack_ctypes import DLTENSOR, USED_DLTENSOR, LocusTensor, capi, load_shim  # noqa: E402
 
-capi = ctypes.pythonapi
-capi.PyCapsule_New.restype = ctypes.py_object
-capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-capi.PyCapsule_SetName.restype = ctypes.c_int
-capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-capi.PyCapsule_GetName.restype = ctypes.c_char_p
-capi.PyCapsule_GetName.argtypes = [ctypes.py_object]
-
-# A capsule keeps its name's pointer, not a copy: these buffers live as long as the module.
-DLTENSOR = ctypes.create_string_buffer(b"dltensor")
-USED_DLTENSOR = ctypes.create_string_buffer(b"used_dltensor")
-
-
-class LocusTensor:
-    """A producer object as numpy.from_dlpack expects one (the legacy protocol: the
-    capsule holds an unversioned DLManagedTensor; NumPy consumes it and renames it)."""
-
-    def __init__(self, managed):
-        self.managed = managed
-
-    def __dlpack__(self, stream=None):
-        return capi.PyCapsule_New(self.managed, ctypes.cast(DLTENSOR, ctypes.c_char_p), None)
-
-    def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU, device 0
+shim = load_shim(sys.argv[1])
 
 
 # ---- locus -> NumPy -------------------------------------------------------------------

@@ -31,35 +31,10 @@ def check(cond, what):
         failures.append(what)
 
 
-shim = ctypes.CDLL(sys.argv[1])
-shim.locus_shim_make_f32.restype = ctypes.c_void_p
-shim.locus_shim_make_f32.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-shim.locus_shim_data_pointer.restype = ctypes.c_size_t
-shim.locus_shim_data_pointer.argtypes = [ctypes.c_void_p]
-shim.locus_shim_consume_f32_2d.restype = ctypes.c_int
-shim.locus_shim_consume_f32_2d.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
-                                           ctypes.c_int]
-shim.locus_shim_cpu_allocated_bytes.restype = ctypes.c_longlong
-capi = ctypes.pythonapi
-capi.PyCapsule_New.restype = ctypes.py_object
-capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-capi.PyCapsule_SetName.restype = ctypes.c_int
-capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-DLTENSOR = ctypes.create_string_buffer(b"dltensor")
-USED = ctypes.create_string_buffer(b"used_dltensor")
+from dlpack_ctypes import DLTENSOR, LocusTensor, capi, load_shim  # noqa: E402
+from dlpack_ctypes import USED_DLTENSOR as USED  # noqa: E402
 
-
-class LocusTensor:
-    def __init__(self, managed):
-        self.managed = managed
-
-    def __dlpack__(self, stream=None, **kwargs):
-        return capi.PyCapsule_New(self.managed, ctypes.cast(DLTENSOR, ctypes.c_char_p), None)
-
-    def __dlpack_device__(self):
-        return (1, 0)
+shim = load_shim(sys.argv[1])
 
 
 # ---- locus -> PyTorch

@@ -940,32 +940,6 @@ class trainer {
     });
     return any;
   }
-  void save_for_rollback(bool full) {
-    rollback_armed_ = true;
-    counters_saved_.clear();
-    model_->for_each_layer([&](std::size_t, auto& layer) {
-      if constexpr (requires { layer.counter(); }) counters_saved_.push_back(layer.counter());
-    });
-    rollback_full_ = full;
-    if (!full) return;
-    // the backups, allocated once and reused while the buffers stay where they are
-    buffer_addrs_now_.clear();
-    model_->for_each_buffer([&](const std::string&, auto v) { buffer_addrs_now_.push_back(v.data_handle()); });
-    if (!buffers_ready_ || buffer_addrs_now_ != buffer_addrs_) {
-      buffer_addrs_ = buffer_addrs_now_;
-      buffers_save_.clear();
-      buffers_restore_.clear();
-      model_->for_each_buffer([&](const std::string&, auto v) {
-        using V = decltype(v);
-        auto copy = std::make_shared<tensor<std::remove_const_t<typename V::element_type>, device, V::rank>>(v.shape());
-        buffers_save_.push_back([v, copy] { locus::copy(v, *copy); });
-        buffers_restore_.push_back([v, copy] { locus::copy(*copy, v); });
-      });
-      buffers_ready_ = true;
-    }
-    for (auto& save : buffers_save_) save();
-    std::as_const(model_->parameters()).snapshot_grad(grad_saved_, micro_ > 0);
-  }
   /// Puts back what save_for_rollback saved (an out_of_memory inside a step).
   void rollback() {
     if (!rollback_armed_) {  // a step that saved nothing (graph mode's eager runs)
