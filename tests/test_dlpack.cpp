@@ -426,32 +426,5 @@ TEST_CASE("dlpack: every refusal of from_dlpack names what was expected and foun
   }
 }
 
-#if LOCUS_HAS_CUDA
-TEST_CASE("dlpack: a cuda tensor is kDLCUDA with its GPU's id and comes back zero-copy (runs where a GPU is)") {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    MESSAGE("no usable CUDA device: the cuda round trip is compiled, not run");
-    return;
-  }
-  auto host = locus::arange<float, locus::cpu>(0, 10);
-  auto t = locus::to<locus::cuda>(host);
-  float* const original = t.data_handle();
-  int current = -1;
-  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
-  DLManagedTensor* m = counted(locus::to_dlpack(std::move(t)));
-  CHECK(m->dl_tensor.device.device_type == kDLCUDA);
-  CHECK(m->dl_tensor.device.device_id == current);
-  CHECK(m->dl_tensor.data == static_cast<void*>(original));
-  const int before = g_locus_deletes;
-  {
-    auto h = locus::from_dlpack<float, locus::cuda, 1>(m);
-    CHECK(h.device_id() == current);
-    CHECK(h.view().data_handle() == original);
-    auto back = locus::to<locus::cpu>(h.view());
-    CHECK(back(7) == 7.0f);
-  }
-  CHECK(g_locus_deletes == before + 1);
-}
-#endif
+// The cuda cases (kDLCUDA both ways) are in tests/cuda/test_dlpack.cu, part of the CUDA suite.
 #endif  // LOCUS_TEST_HAS_DLPACK

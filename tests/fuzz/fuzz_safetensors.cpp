@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -179,8 +180,24 @@ bool other_model(const locus::io::archive<locus::cpu>& a, Trainer& t) {
   return false;
 }
 
+// How far inputs got, printed when the fuzzer exits: how many reached the checkpoint
+// loader, and how it answered.
+struct reach {
+  std::uint64_t inputs = 0, archives = 0, loads = 0, loaded = 0, shape_errors = 0, io_errors = 0;
+} counts;
+
+void print_counts() {
+  std::fprintf(stderr,
+               "fuzz_safetensors: %llu inputs, %llu read as archives; train::load_checkpoint called %llu times: "
+               "%llu loaded (and trained a step), %llu shape_error (another model), %llu io_error\n",
+               static_cast<unsigned long long>(counts.inputs), static_cast<unsigned long long>(counts.archives),
+               static_cast<unsigned long long>(counts.loads), static_cast<unsigned long long>(counts.loaded),
+               static_cast<unsigned long long>(counts.shape_errors), static_cast<unsigned long long>(counts.io_errors));
+}
+
 template <class Trainer>
 void check_load(const locus::io::archive<locus::cpu>& a, Trainer& t) {
+  ++counts.loads;
   const bool mismatch = other_model(a, t);
   const auto before = state_of(t);
   try {
@@ -203,11 +220,14 @@ void check_load(const locus::io::archive<locus::cpu>& a, Trainer& t) {
       (void)t.report();
     } catch (const locus::train::non_finite_error&) {
     }
+    ++counts.loaded;
     return;
   } catch (const locus::shape_error&) {
     if (!mismatch) std::abort();  // the model fits: a bad file is an io_error
+    ++counts.shape_errors;
   } catch (const locus::io_error&) {
     if (mismatch) std::abort();  // another model's shape is reported as such
+    ++counts.io_errors;
   }
   if (state_of(t) != before) std::abort();  // a failed load changed the trainer
 }
@@ -381,6 +401,7 @@ extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t s
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  std::atexit(print_counts);
   if (const char* dir = std::getenv("LOCUS_FUZZ_SEED_DIR"); dir && *dir) write_seeds(dir);
   return 0;
 }
@@ -392,12 +413,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) return 0;
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
 
+  ++counts.inputs;
   std::optional<locus::io::archive<locus::cpu>> a;
   try {
     a.emplace(locus::io::load<locus::cpu>(path));
   } catch (const locus::io_error&) {
     return 0;
   }
+  ++counts.archives;
   std::uint64_t n = 0;  // the header's length (load checked that it fits)
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(data[i]) << (8 * i);
   check_archive(*a, size - 8 - n);
