@@ -7,11 +7,14 @@
 //       from this thread and from another (fails when to<cpu> waits only for the
 //       reader's current stream);
 //   (c) two devices: per-device current streams, guards, host reads, the loader and
-//       environment() without new contexts (skipped, with a message, on one GPU).
+//       environment() without new contexts (skipped, with a message, on one GPU);
+//   (d) eight threads making and destroying streams while computing and reading back.
 // Without a GPU the runner reports every case skipped (tests/cuda/main.cu).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -403,4 +406,45 @@ TEST_CASE("two devices: per-device streams, guards, host reads, the loader, no n
   }
   CHECK(nb == 2);
   LOCUS_CUDA_CHECK(cudaSetDevice(0));
+}
+
+// ---- (d) concurrency: streams made and destroyed on many threads at once ------------------
+// Eight threads each make a stream, compute under its guard and read the result back
+// (a host read waits for every locus stream of the device, so it walks the stream list
+// while other threads add and remove theirs), then destroy the stream, 40 times over,
+// with the caching allocator shared by all. Every value is checked against integer
+// arithmetic, and no byte is left allocated.
+TEST_CASE("concurrency: threads making and destroying streams, allocating, computing and reading back at once") {
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto base = locus::memory_stats<locus::cuda>().allocated_bytes;
+  constexpr int threads = 8, rounds = 40;
+  std::atomic<long> wrong{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      try {
+        for (int r = 0; r < rounds; ++r) {
+          const locus::index_t n = 1000 + 517 * ((w * rounds + r) % 13);
+          locus::stream s;
+          locus::stream_guard g(s);
+          const auto a = locus::arange<float, locus::cuda>(0, n);
+          const locus::tensor<float, locus::cuda, 1> b = a * 2.0f + static_cast<float>(w);
+          const auto i64 = locus::arange<std::int64_t, locus::cuda>(0, n);
+          const auto h = locus::to<locus::cpu>(b);
+          const std::int64_t total = locus::to<locus::cpu>(locus::sum(i64)).item();
+          for (locus::index_t i = 0; i < n; ++i)
+            if (h(i) != static_cast<float>(2 * i + w)) wrong.fetch_add(1);
+          if (total != n * (n - 1) / 2) wrong.fetch_add(1);
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "thread %d: %s\n", w, e.what());
+        failures.fetch_add(1);
+      }
+    });
+  for (auto& t : pool) t.join();
+  CHECK(failures.load() == 0);
+  CHECK(wrong.load() == 0);
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(locus::memory_stats<locus::cuda>().allocated_bytes == base);
 }
