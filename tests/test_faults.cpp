@@ -142,7 +142,10 @@ int fault_every_allocation(Make make, const batches<R>& b, const std::string& wh
         t.step(b.x[j], b.y[j]);
       } catch (const locus::out_of_memory& e) {
         threw = true;
-        CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+        const std::string what = e.what();
+        CHECK(what.find("(injected fault). This failure was injected by locus::fault::fail_allocation, a test hook; "
+                        "memory was not short.") != std::string::npos);
+        CHECK(what.find("smaller batch") == std::string::npos);  // no advice for a shortage there is not
       }
       const bool fired = locus::fault::fired();
       locus::fault::fail_allocation(0);

@@ -97,13 +97,18 @@ class out_of_memory : public error {
     bytes_text(alloc, allocated);
     bytes_text(res, reserved);
     if (limit != static_cast<std::size_t>(-1)) bytes_text(lim, limit);
+    // An injected fault is no shortage: advice on memory would send the reader the wrong way.
+    const bool injected = cause == "injected fault";
     char buf[640];
     std::snprintf(buf, sizeof buf,
                   "locus: out of memory on %.*s: tried to allocate %s; %s allocated by tensors, %s reserved by "
-                  "the allocator%s%s%s%.*s%s. Try a smaller batch size, gradient accumulation over several "
-                  "micro-batches, bf16/f16 compute, or free tensors you no longer need%s",
+                  "the allocator%s%s%s%.*s%s. %s%s",
                   static_cast<int>(device.size()), device.data(), req, alloc, res, lim[0] ? ", limit " : "", lim,
                   cause.empty() ? "" : " (", static_cast<int>(cause.size()), cause.data(), cause.empty() ? "" : ")",
+                  injected ? "This failure was injected by locus::fault::fail_allocation, a test hook; memory was "
+                             "not short"
+                           : "Try a smaller batch size, gradient accumulation over several micro-batches, bf16/f16 "
+                             "compute, or free tensors you no longer need",
                   cause == "memory limit" ? " (or raise the limit: locus::set_memory_limit<D>(bytes))." : ".");
     return buf;
   }
