@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -37,15 +38,20 @@ struct gpu_producer {
   std::int64_t shape[2]{};
   float* data = nullptr;
 };
+// The deleter runs inside locus's noexcept release: it records, the cases check.
 int g_foreign_deletes = 0;
-void foreign_deleter(DLManagedTensor* self) {
+int g_foreign_free_failures = 0;
+void foreign_deleter(DLManagedTensor* self) noexcept {
   auto* p = static_cast<gpu_producer*>(self->manager_ctx);
-  REQUIRE(cudaFree(p->data) == cudaSuccess);
+  if (cudaFree(p->data) != cudaSuccess) ++g_foreign_free_failures;
   delete p;
   ++g_foreign_deletes;
 }
-/// rows x cols floats on the current GPU holding 0.5 * (flat index), as kDLCUDA.
-DLManagedTensor* foreign_gpu_floats(std::int64_t rows, std::int64_t cols, int device_id) {
+/// rows x cols floats on the current GPU holding 0.5 * (flat index), as kDLCUDA with the
+/// current GPU's id.
+DLManagedTensor* foreign_gpu_floats(std::int64_t rows, std::int64_t cols) {
+  int device_id = -1;
+  REQUIRE(cudaGetDevice(&device_id) == cudaSuccess);
   auto* p = new gpu_producer;
   const auto n = static_cast<std::size_t>(rows * cols);
   REQUIRE(cudaMalloc(&p->data, n * sizeof(float)) == cudaSuccess);
@@ -104,10 +110,11 @@ TEST_CASE("dlpack cuda: a foreign producer's GPU memory is a cuda view without a
   int current = -1;
   REQUIRE(cudaGetDevice(&current) == cudaSuccess);
   const int before = g_foreign_deletes;
-  DLManagedTensor* m = foreign_gpu_floats(3, 4, current);
+  DLManagedTensor* m = foreign_gpu_floats(3, 4);
   const void* producer_data = m->dl_tensor.data;
   {
     auto h = locus::from_dlpack<float, locus::cuda, 2>(m);
+    CHECK(h.device_id() == current);
     CHECK(h.view().data_handle() == producer_data);
     CHECK(h.view().shape()[0] == 3);
     CHECK(h.view().shape()[1] == 4);
@@ -116,25 +123,27 @@ TEST_CASE("dlpack cuda: a foreign producer's GPU memory is a cuda view without a
     CHECK(g_foreign_deletes == before);
   }
   CHECK(g_foreign_deletes == before + 1);
+  CHECK(g_foreign_free_failures == 0);
 }
 
 TEST_CASE("dlpack cuda: GPU memory for a host device, and a GPU that does not exist, are refused; the deleter runs") {
   int count = 0;
   REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
   const int before = g_foreign_deletes;
-  CHECK(refused<float, locus::cpu, 2>(foreign_gpu_floats(2, 2, 0)).find(
+  CHECK(refused<float, locus::cpu, 2>(foreign_gpu_floats(2, 2)).find(
             "expected host memory (device type kDLCPU = 1, or kDLCUDAHost = 3), found device type 2 (kDLCUDA)") !=
         std::string::npos);
-  CHECK(refused<float, locus::pinned, 2>(foreign_gpu_floats(2, 2, 0)).find(
+  CHECK(refused<float, locus::pinned, 2>(foreign_gpu_floats(2, 2)).find(
             "expected page-locked host memory (device type kDLCUDAHost = 3), found device type 2 (kDLCUDA)") !=
         std::string::npos);
-  DLManagedTensor* m = foreign_gpu_floats(2, 2, 0);
+  DLManagedTensor* m = foreign_gpu_floats(2, 2);
   m->dl_tensor.device.device_id = count;  // one past the last GPU
   const std::string msg = refused<float, locus::cuda, 2>(m);
   const std::string n = std::to_string(count);
   CHECK(msg.find("the tensor is on CUDA device " + n + ", but this process sees " + n + " CUDA device") !=
         std::string::npos);
   CHECK(g_foreign_deletes == before + 3);
+  CHECK(g_foreign_free_failures == 0);
 }
 
 #endif  // LOCUS_TEST_HAS_DLPACK
