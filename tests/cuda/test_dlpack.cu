@@ -10,6 +10,7 @@
 #if defined(LOCUS_TEST_HAS_DLPACK) && LOCUS_TEST_HAS_DLPACK
 
 #include <locus/interop/dlpack.hpp>
+#include "dlpack_counted.hpp"
 #include <locus/locus.hpp>
 
 #include <cstdint>
@@ -20,17 +21,9 @@
 
 namespace {
 
-int g_locus_deletes = 0;
-void (*g_locus_deleter)(DLManagedTensor*) = nullptr;
-void counting_locus_deleter(DLManagedTensor* self) {
-  ++g_locus_deletes;
-  g_locus_deleter(self);
-}
-DLManagedTensor* counted(DLManagedTensor* m) {
-  g_locus_deleter = m->deleter;
-  m->deleter = &counting_locus_deleter;
-  return m;
-}
+// to_dlpack's own deleter, wrapped to count its calls (dlpack_counted.hpp)
+using locus_test::counted;
+using locus_test::g_locus_deletes;
 
 // A producer locus did not build: cudaMalloc'd floats, its own shape, a counting deleter.
 struct gpu_producer {
