@@ -119,7 +119,7 @@ TEST_CASE("dlpack cuda: a foreign producer's GPU memory is a cuda view without a
   CHECK(g_foreign_free_failures == 0);
 }
 
-TEST_CASE("dlpack cuda: GPU memory for a host device, and a GPU that does not exist, are refused; the deleter runs") {
+TEST_CASE("dlpack cuda: GPU memory for a host device, and a GPU that does not exist, are refused, the deleter run each time") {
   int count = 0;
   REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
   const int before = g_foreign_deletes;
