@@ -902,7 +902,7 @@ TEST_CASE("a failed event recording: the free never synchronizes, the block stay
   CHECK(r.errors == 0);
 }
 
-TEST_CASE("multi-GPU: streams are (handle, device); the legacy stream of GPU 1 is not GPU 0's") {
+TEST_CASE("multi-GPU: streams are (handle, device), the legacy stream of GPU 1 is not GPU 0's") {
   stream_alloc a;
   auto& r = a.resource();
   r.current = 0;  // cudaStreamLegacy on GPU 0

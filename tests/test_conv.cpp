@@ -174,7 +174,7 @@ TEST_CASE("conv2d: forward equals a direct f64 convolution, on the host path and
   }
 }
 
-TEST_CASE("conv2d: gradients equal finite differences in f64 (stride, padding, dilation, groups; both paths)") {
+TEST_CASE("conv2d: gradients equal finite differences in f64 (stride, padding, dilation, groups, both paths)") {
   for (const bool generic : {false, true}) {
     generic_path gp(generic);
     for (const auto& cc : conv_cases) {
@@ -248,7 +248,7 @@ TEST_CASE("conv2d: the host path and the device-generic path agree in f32 and bf
   }
 }
 
-TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propagates NaN") {
+TEST_CASE("pooling: gradients equal finite differences in f64, max pooling propagates NaN") {
   SUBCASE("max_pool2d") {
    for (const bool generic : {false, true}) {
     generic_path gp(generic);
@@ -307,7 +307,7 @@ TEST_CASE("pooling: gradients equal finite differences in f64; max pooling propa
   }
 }
 
-TEST_CASE("batch_norm2d: statistics, running statistics and inference output against a double reference; gradients") {
+TEST_CASE("batch_norm2d: statistics, running statistics and inference output against a double reference, gradients") {
   const index_t n = 3, c = 2, h = 4, w = 5;
   nn::sequential m(nn::batch_norm2d<D, P64>(c, {.momentum = 0.25}));
   auto x = filled<double, 4>({n, c, h, w}, 0.8);
@@ -352,7 +352,7 @@ TEST_CASE("batch_norm2d: statistics, running statistics and inference output aga
   gradient_check(plain, x, 1e-6);
 }
 
-TEST_CASE("a small CNN: gradients of the whole model equal finite differences; flatten is a view") {
+TEST_CASE("a small CNN: gradients of the whole model equal finite differences, flatten is a view") {
   nn::sequential m(nn::conv2d<D, P64>(2, 3, 3, {.padding = 1}), nn::batch_norm2d<D, P64>(3), nn::tanh<D, P64>(),
                    nn::max_pool2d<D, P64>(2), nn::conv2d<D, P64>(3, 4, 2, {.stride = 1}), nn::sigmoid<D, P64>(),
                    nn::flatten<D, P64>(), nn::linear<D, P64>(4 * 2 * 2, 3));
@@ -492,7 +492,7 @@ std::vector<float> all_state(const Model& m) {
 }
 }  // namespace
 
-TEST_CASE("CNN checkpoints: resume equals no stop bit for bit (batch norm's running statistics included); nn::save/load") {
+TEST_CASE("CNN checkpoints: resume equals no stop bit for bit (batch norm's running statistics included), nn::save/load") {
   const blobs data;
   locus::data::loader<D, blobs> rows(data, {.batch_size = 16, .shuffle = true, .seed = 5});
   auto batches = locus::data::images(rows, 1, 8, 8);
@@ -621,7 +621,7 @@ TEST_CASE("augmentation: random_crop, horizontal_flip and normalize are counter-
   CHECK_THROWS_AS(data::normalize({.mean = {0.f, 0.f, 0.f}, .std = {1.f, 1.f, 1.f}})(small, {}), locus::shape_error);
 }
 
-TEST_CASE("augmentation in the loader: the same batches whatever the prefetch depth; evaluation loaders untouched") {
+TEST_CASE("augmentation in the loader: the same batches whatever the prefetch depth, evaluation loaders untouched") {
   const blobs data;
   const auto aug = locus::data::compose(locus::data::random_crop{.channels = 1, .height = 8, .width = 8, .padding = 2},
                                         locus::data::horizontal_flip{.channels = 1, .height = 8, .width = 8});
@@ -647,7 +647,7 @@ TEST_CASE("augmentation in the loader: the same batches whatever the prefetch de
   for (index_t j = 0; j < 64; ++j) CHECK(a[static_cast<std::size_t>(5 * 64 + j)] == s[static_cast<std::size_t>(j)]);
 }
 
-TEST_CASE("pooling: the host loops equal the per-index kernels bit for bit (f32, bf16; overlapping, padded)") {
+TEST_CASE("pooling: the host loops equal the per-index kernels bit for bit (f32, bf16, overlapping, padded)") {
   const auto both = [](auto make, auto x) {
     using X = decltype(x);
     std::vector<double> out[2];
@@ -872,7 +872,7 @@ TEST_CASE("review: edge cases of the CNN layers are errors or PyTorch's answers"
   CHECK(same < 50);
 }
 
-TEST_CASE("review: fused batch norm + relu keeps NaN as the unfused pair does; statistics with an outlier first value") {
+TEST_CASE("review: fused batch norm + relu keeps NaN as the unfused pair does, statistics with an outlier first value") {
   const auto make = [] {
     nn::sequential m(nn::batch_norm2d<D, P32>(2), nn::relu<D, P32>(), nn::flatten<D, P32>());
     return m;
@@ -908,7 +908,7 @@ TEST_CASE("review: fused batch norm + relu keeps NaN as the unfused pair does; s
   CHECK(std::abs(s.get<0>().running_mean()(0) - mean) / std::abs(mean) < 1e-5);
 }
 
-TEST_CASE("review: an empty batch is refused by the trainer; a conv backward of no samples writes zero gradients") {
+TEST_CASE("review: an empty batch is refused by the trainer, a conv backward of no samples writes zero gradients") {
   auto m = blob_cnn(2);
   locus::optim::adamw<D> opt(m.parameters(), {.lr = 1e-2});
   locus::train::trainer t(m, opt, nn::cross_entropy{});

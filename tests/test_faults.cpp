@@ -196,7 +196,7 @@ struct fp16_bundle {
 
 }  // namespace
 
-TEST_CASE("faults: every allocation of an MLP training step fails in turn; the state is untouched and the run "
+TEST_CASE("faults: every allocation of an MLP training step fails in turn, the state is untouched and the run "
           "recovers bit for bit (fp32 adamw, fp16_mixed sgd with a grad scaler)") {
   const auto b = make_batches<2>(locus::extents<2>{1, 12});
   using M32 = decltype(make_mlp<locus::amp::fp32>());
@@ -210,7 +210,7 @@ TEST_CASE("faults: every allocation of an MLP training step fails in turn; the s
   CHECK(p16 > 10);
 }
 
-TEST_CASE("faults: every allocation of a CNN training step fails in turn; the state (batch norm's running "
+TEST_CASE("faults: every allocation of a CNN training step fails in turn, the state (batch norm's running "
           "statistics included) is untouched and the run recovers bit for bit") {
   const auto b = make_batches<4>(locus::extents<4>{1, 1, 8, 8});
   using M32 = decltype(make_cnn<locus::amp::fp32>());
@@ -254,7 +254,7 @@ TEST_CASE("faults: find_max_batch_size trains nothing: batch norm's statistics a
   CHECK(state_of(*a.t, "probe-after") == before);
 }
 
-TEST_CASE("faults: a checkpoint save that fails leaves the previous file intact; a failed load changes nothing") {
+TEST_CASE("faults: a checkpoint save that fails leaves the previous file intact, a failed load changes nothing") {
   disarm_at_exit guard;
   using M = decltype(make_mlp<locus::amp::fp32>());
   fp32_bundle<M> a(make_mlp<locus::amp::fp32>());
@@ -321,7 +321,7 @@ TEST_CASE("faults: a checkpoint save that fails leaves the previous file intact;
   CHECK(load_faults > 0);
 }
 
-TEST_CASE("faults: a loader batch that fails is rethrown at that batch; restarted, the loader serves the same "
+TEST_CASE("faults: a loader batch that fails is rethrown at that batch, restarted, the loader serves the same "
           "batches") {
   disarm_at_exit guard;
   auto x = locus::randn<float, locus::cpu>({96, 5}, 3);

@@ -396,7 +396,7 @@ TEST_CASE("safetensors: members of a temporary archive that would return referen
 
 // ---- IDX -----------------------------------------------------------------------------------
 
-TEST_CASE("hostile IDX: bytes after the gzip stream are an io_error; another gzip member is not") {
+TEST_CASE("hostile IDX: bytes after the gzip stream are an io_error, another gzip member is not") {
   const auto path = temp_file("trail.gz");
   const std::string idx = idx_u8({3}, "\x01\x02\x03");
   const std::string gz = gzip_bytes(idx);

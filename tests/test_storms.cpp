@@ -84,7 +84,7 @@ TEST_CASE("storms: under fp16_mixed a NaN or inf at any input position skips the
   MESSAGE("fp16_mixed: " << positions << " storm positions");
 }
 
-TEST_CASE("storms: under fp32 a NaN or inf at any input position stops training with the step and the parameter; "
+TEST_CASE("storms: under fp32 a NaN or inf at any input position stops training with the step and the parameter, "
           "the weights are those before the bad step") {
   using P = locus::amp::fp32;
   const auto y = labels();

@@ -128,7 +128,7 @@ TEST_CASE("a host read skips the streams that are capturing a graph (a marker wo
   }
 }
 
-TEST_CASE("stream_registry: add, remove, count per device; ordering calls only what it must") {
+TEST_CASE("stream_registry: add, remove, count per device, ordering calls only what it must") {
   locus::detail::stream_registry r;
   r.add(fake_stream(0), 0, fake_event(0));
   r.add(fake_stream(1), 1, fake_event(1));

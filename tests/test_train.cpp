@@ -196,7 +196,7 @@ TEST_CASE("training: the progress callback reports every report_every batches an
   }
 }
 
-TEST_CASE("training: the trainer's on_progress option serves every epoch without one; an epoch's own wins") {
+TEST_CASE("training: the trainer's on_progress option serves every epoch without one, an epoch's own wins") {
   auto data = synthetic(512, 6);
   auto model = synthetic_model<P32>(3);
   locus::optim::adamw<locus::cpu> opt(model.parameters(), {.lr = 1e-3});
@@ -228,7 +228,7 @@ TEST_CASE("training: the trainer's on_progress option serves every epoch without
   CHECK(text.back() == '\n');
 }
 
-TEST_CASE("parameters by name: read and edit a weight by PyTorch's name; infer sees it after sync_compute") {
+TEST_CASE("parameters by name: read and edit a weight by PyTorch's name, infer sees it after sync_compute") {
   using PB = locus::amp::bf16_mixed;
   nn::sequential m(nn::linear<locus::cpu, PB>(3, 2), nn::relu<locus::cpu, PB>(), nn::linear<locus::cpu, PB>(2, 1));
   auto& ps = m.parameters();
@@ -861,7 +861,7 @@ TEST_CASE("nn::save and nn::load: a model's weights alone, round trip, bf16 comp
   fs::remove_all(dir);
 }
 
-TEST_CASE("checkpoints: the run's options are stored beside the state and read back; bad keys are refused") {
+TEST_CASE("checkpoints: the run's options are stored beside the state and read back, bad keys are refused") {
   const fs::path dir = temp_dir("run-options");
   auto m = synthetic_model(5);
   locus::optim::adamw<locus::cpu> opt(m.parameters(), {.lr = 1e-2});
