@@ -50,9 +50,14 @@ class tensor_dataset {
     return y_.data_handle()[i];
   }
 
-  /// The tensors, for reading.
-  [[nodiscard]] const tensor<float, cpu, 2>& x() const noexcept { return x_; }
-  [[nodiscard]] const tensor<std::int64_t, cpu, 1>& y() const noexcept { return y_; }
+  /// The tensors, for reading; of a temporary dataset, moved out (a reference into it
+  /// would dangle at the end of the statement).
+  [[nodiscard]] const tensor<float, cpu, 2>& x() const& noexcept { return x_; }
+  [[nodiscard]] const tensor<std::int64_t, cpu, 1>& y() const& noexcept { return y_; }
+  [[nodiscard]] tensor<float, cpu, 2> x() && noexcept { return std::move(x_); }
+  [[nodiscard]] tensor<std::int64_t, cpu, 1> y() && noexcept { return std::move(y_); }
+  void x() const&& = delete;  // locus: x() of a const temporary dataset would dangle: keep the dataset in a variable
+  void y() const&& = delete;  // locus: y() of a const temporary dataset would dangle: keep the dataset in a variable
 
  private:
   tensor<float, cpu, 2> x_;

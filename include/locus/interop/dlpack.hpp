@@ -226,8 +226,12 @@ class dlpack_tensor {
     return {};
   }
 
-  [[nodiscard]] const extents<R>& shape() const noexcept { return view_.shape(); }
-  [[nodiscard]] const extents<R>& strides() const noexcept { return view_.strides(); }
+  // By value on a temporary handle: a reference would outlive the handle (and the
+  // producer's memory its deleter frees), e.g. `const auto& s = from_dlpack<...>(m).shape();`.
+  [[nodiscard]] const extents<R>& shape() const& noexcept { return view_.shape(); }
+  [[nodiscard]] extents<R> shape() const&& noexcept { return view_.shape(); }
+  [[nodiscard]] const extents<R>& strides() const& noexcept { return view_.strides(); }
+  [[nodiscard]] extents<R> strides() const&& noexcept { return view_.strides(); }
   [[nodiscard]] index_t numel() const noexcept { return view_.numel(); }
   /// The DLPack device id (the GPU that holds the memory, for cuda; 0 on the host).
   [[nodiscard]] int device_id() const noexcept { return device_id_; }

@@ -36,6 +36,12 @@
 #include "kernels.hpp"
 #include "parameters.hpp"
 
+/// The message for a reference into a temporary model (a macro: a static_assert message
+/// must be a string literal).
+#define LOCUS_TEMPORARY_MODEL_MESSAGE(what)                                                    \
+  "locus: " what " of a temporary model would dangle: the model is destroyed at the end of "   \
+  "the statement; keep it in a variable first: auto model = ...; then model." what
+
 namespace locus::nn {
 
 namespace detail {
@@ -644,11 +650,18 @@ class sequential {
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
 
   template <std::size_t I>
-  auto& get() noexcept {
+  auto& get() & noexcept {
     return std::get<I>(layers_);
   }
   template <std::size_t I>
-  const auto& get() const noexcept {
+  const auto& get() const& noexcept {
+    return std::get<I>(layers_);
+  }
+  // Prevents: a reference into a model destroyed at the end of the statement
+  // (make_model().get<0>(), make_model().parameters()).
+  template <std::size_t I>
+  const auto& get() const&& {  // (deduced: the message comes before any use of the result)
+    static_assert(locus::detail::always_false_v<I>, LOCUS_TEMPORARY_MODEL_MESSAGE("get<I>()"));
     return std::get<I>(layers_);
   }
 
@@ -687,8 +700,13 @@ class sequential {
     std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
   }
 
-  store_type& parameters() noexcept { return store_; }
-  const store_type& parameters() const noexcept { return store_; }
+  store_type& parameters() & noexcept { return store_; }
+  const store_type& parameters() const& noexcept { return store_; }
+  template <class Model = sequential>
+  const auto& parameters() const&& {
+    static_assert(locus::detail::always_false<Model>, LOCUS_TEMPORARY_MODEL_MESSAGE("parameters()"));
+    return store_;
+  }
 
   /// The output shape for an input of this shape ([batch, features] or [batch, channels,
   /// height, width]); a shape a layer cannot take is a shape_error naming the layer's

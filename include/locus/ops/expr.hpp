@@ -298,7 +298,7 @@ struct binary_expr : expression_tag {
   B b;
   extents<rank> shape_;
   binary_expr(Op o, A x, B y) : op(o), a(std::move(x)), b(std::move(y)), shape_(broadcast_shapes(a.shape(), b.shape())) {}
-  const extents<rank>& shape() const { return shape_; }
+  extents<rank> shape() const { return shape_; }  // by value: expressions are temporaries
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out) && b.linear_ok(out); }
   template <class V>
@@ -325,7 +325,7 @@ struct where_expr : expression_tag {
   where_expr(C x, A y, B z)
       : c(std::move(x)), a(std::move(y)), b(std::move(z)),
         shape_(broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape()))) {}
-  const extents<rank>& shape() const { return shape_; }
+  extents<rank> shape() const { return shape_; }  // by value: expressions are temporaries
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const {
     return c.linear_ok(out) && a.linear_ok(out) && b.linear_ok(out);

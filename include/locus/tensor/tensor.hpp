@@ -231,8 +231,14 @@ class tensor_view {
     detail::reject_view_conversion<U, D2, R2, T, D, R>();
   }
 
-  [[nodiscard]] const extents<R>& shape() const noexcept { return shape_; }
-  [[nodiscard]] const extents<R>& strides() const noexcept { return strides_; }
+  // Accessors that return a reference into the object return a copy when the object is
+  // a temporary. Prevents: `for (auto e : t.slice(0, 2).shape())` and
+  // `const auto& s = zeros(...).shape();` reading a destroyed object (the reference
+  // would outlive the statement; a returned value is extended with the binding).
+  [[nodiscard]] const extents<R>& shape() const& noexcept { return shape_; }
+  [[nodiscard]] extents<R> shape() const&& noexcept { return shape_; }
+  [[nodiscard]] const extents<R>& strides() const& noexcept { return strides_; }
+  [[nodiscard]] extents<R> strides() const&& noexcept { return strides_; }
   [[nodiscard]] index_t extent(std::size_t axis) const {
     if (axis >= R)
       throw shape_error("locus: axis " + std::to_string(axis) + " out of range for rank " +
@@ -316,7 +322,19 @@ class tensor_view {
   [[nodiscard]] tensor_view view() const noexcept { return *this; }
 
   tensor_view(const tensor_view&) noexcept = default;
-  tensor_view& operator=(const tensor_view&) noexcept = default;
+  /// Assigning to a view variable rebinds it (as std::span's assignment does); the
+  /// elements are untouched. Defaulted, so views stay trivially copyable (kernel
+  /// arguments).
+  tensor_view& operator=(const tensor_view&) & noexcept = default;
+  /// Assigning a tensor or view to a temporary view copies the elements, as PyTorch's
+  /// `t[0:2] = u[0:2]` does: `t.slice(0, 2) = u.slice(0, 2);`, `t.view() = u;`.
+  /// Prevents: that statement compiling as a rebind of a temporary, which copies nothing.
+  /// Same device, dtype and rank (compile errors naming the fix), same shape (shape_error,
+  /// nothing written); overlapping sides read as from a separate source. Defined in
+  /// transfer/copy.hpp (it is locus::copy with the device rule of an assignment).
+  template <class S>
+    requires(detail::tensor_traits<S>::is_tensor || detail::tensor_traits<S>::is_view)
+  const tensor_view& operator=(const S& src) &&;
   /// Evaluates an expression into the viewed elements (ops/expr.hpp); the expression
   /// must broadcast to this view's shape.
   template <class E>
@@ -462,7 +480,9 @@ class tensor {
     return *this;
   }
 
-  [[nodiscard]] const extents<R>& shape() const noexcept { return shape_; }
+  // A temporary tensor's shape is returned by value (see tensor_view::shape()).
+  [[nodiscard]] const extents<R>& shape() const& noexcept { return shape_; }
+  [[nodiscard]] extents<R> shape() const&& noexcept { return shape_; }
   [[nodiscard]] extents<R> strides() const noexcept { return detail::contiguous_strides(shape_); }
   [[nodiscard]] index_t extent(std::size_t axis) const { return view().extent(axis); }
   [[nodiscard]] index_t numel() const noexcept { return detail::numel_of(shape_); }

@@ -230,6 +230,22 @@ auto to(const Src& src) {
 }
 
 template <class T, class D, std::size_t R>
+template <class S>
+  requires(detail::tensor_traits<S>::is_tensor || detail::tensor_traits<S>::is_view)
+const tensor_view<T, D, R>& tensor_view<T, D, R>::operator=(const S& src) && {
+  using st = detail::tensor_traits<S>;
+  if constexpr (std::is_const_v<T>) {
+    static_assert(detail::always_false<S>,
+                  "locus: assigning to a view of const elements (a view of a const tensor, or "
+                  "tensor_view<const T, D, R>); take the view of a non-const tensor to write "
+                  "through it: t.slice(0, 2) = u");
+  } else if constexpr (detail::require_assign_device<typename st::device, D>()) {
+    copy(src, *this);  // dtype and rank rules, shape check, overlap: copy()'s
+  }
+  return *this;
+}
+
+template <class T, class D, std::size_t R>
 tensor<T, D, R> tensor<T, D, R>::clone() const {
   return view().clone();
 }
