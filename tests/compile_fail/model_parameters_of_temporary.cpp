@@ -1,5 +1,6 @@
 // expect: error: .*locus: parameters\(\) of a temporary model would dangle
-// Rule: no reference into a model destroyed at the end of the statement.
+// Rule: no reference into a model destroyed at the end of the statement (its parameter
+// store's views, master() and grad(), would point into freed memory).
 #include <locus/train.hpp>
 
 using D = locus::cpu;
@@ -8,10 +9,10 @@ inline auto make() { return locus::nn::sequential(locus::nn::linear<D, P>(4, 3),
 
 void f() {
 #ifdef LOCUS_VIOLATION
-  auto& p = make().parameters();
+  auto w = make().parameters().master();
 #else
   auto m = make();
-  auto& p = m.parameters();
+  auto w = m.parameters().master();
 #endif
-  (void)p;
+  (void)w;
 }

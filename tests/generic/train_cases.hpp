@@ -259,7 +259,8 @@ TEST_CASE_TEMPLATE("training: N micro-batches of B accumulate to the update of o
   CHECK(t_small.optimizer_steps() == 2);
   const auto a = locus_train_test::host_values(std::as_const(big.parameters()).master());
   const auto b = locus_train_test::host_values(std::as_const(small.parameters()).master());
-  const auto a0 = locus_train_test::host_values(std::as_const(make().parameters()).master());
+  auto init = make();
+  const auto a0 = locus_train_test::host_values(std::as_const(init.parameters()).master());
   double worst = 0, moved = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
     worst = std::max(worst, std::abs(a[i] - b[i]));
@@ -461,7 +462,8 @@ TEST_CASE_TEMPLATE("training: clip_grad_norm scales the step by min(1, max / (no
     t2.step(x, y);
     CHECK(t1.grad_norm() == doctest::Approx(norm).epsilon(2e-2));  // f16 compute: a close norm
     CHECK(t1.grad_norm() == doctest::Approx(t2.grad_norm()).epsilon(1e-3));
-    const auto q0 = locus_train_test::host_values(std::as_const(mk().parameters()).master());
+    auto init = mk();
+    const auto q0 = locus_train_test::host_values(std::as_const(init.parameters()).master());
     const auto q1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
     double step1 = 0;
     for (std::size_t i = 0; i < q0.size(); ++i) step1 += (q0[i] - q1[i]) * (q0[i] - q1[i]);
@@ -599,7 +601,8 @@ TEST_CASE_TEMPLATE("training: clip_grad_value limits every gradient to [-c, c] a
     locus::train::trainer t2(m2, o2, nn::cross_entropy{}, s2, {.clip_grad_value = c});
     t1.step(x, y);
     t2.step(x, y);
-    const auto q0 = locus_train_test::host_values(std::as_const(mk().parameters()).master());
+    auto init = mk();
+    const auto q0 = locus_train_test::host_values(std::as_const(init.parameters()).master());
     const auto q1 = locus_train_test::host_values(std::as_const(m1.parameters()).master());
     const auto q2 = locus_train_test::host_values(std::as_const(m2.parameters()).master());
     double worst1 = 0, worst12 = 0;
