@@ -22,3 +22,4 @@
 #include "ops/matmul.hpp"
 #include "transfer/stream.hpp"
 #include "transfer/async.hpp"
+#include "transfer/gpus.hpp"

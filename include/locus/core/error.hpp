@@ -48,6 +48,21 @@ class value_error : public error {
   using error::error;
 };
 
+/// Operands on two GPUs, or on another GPU than the one the work would launch on, or a
+/// GPU index that does not exist. Raised before anything is launched or changed.
+/// first_gpu() and second_gpu() are the two GPUs found (-1 where there is no second).
+class device_error : public error {
+ public:
+  device_error(const std::string& what, int first, int second) : error(what), first_(first), second_(second) {}
+  explicit device_error(const std::string& what) : error(what) {}
+  [[nodiscard]] int first_gpu() const noexcept { return first_; }
+  [[nodiscard]] int second_gpu() const noexcept { return second_; }
+
+ private:
+  int first_ = -1;
+  int second_ = -1;
+};
+
 /// A failed allocation, with the numbers behind it. Replaces an untyped
 /// "CUDA out of memory" string: the caller can read how much was asked for and how
 /// much the allocator held, and decide (smaller batch, accumulate gradients).
@@ -62,7 +77,8 @@ class out_of_memory : public error {
         reserved_(reserved),
         limit_(limit) {}
 
-  [[nodiscard]] const std::string& device() const noexcept { return device_; }
+  [[nodiscard]] const std::string& device() const& noexcept { return device_; }
+  [[nodiscard]] std::string device() const&& { return device_; }  // of a temporary: a copy
   [[nodiscard]] std::size_t requested_bytes() const noexcept { return requested_; }
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved_; }
@@ -187,6 +203,7 @@ LOCUS_DEFINE_THROWER(throw_shape_error, shape_error)
 LOCUS_DEFINE_THROWER(throw_index_error, index_error)
 LOCUS_DEFINE_THROWER(throw_value_error, value_error)
 LOCUS_DEFINE_THROWER(throw_io_error, io_error)
+LOCUS_DEFINE_THROWER(throw_device_error, device_error)
 #undef LOCUS_DEFINE_THROWER
 
 }  // namespace detail

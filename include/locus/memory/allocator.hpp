@@ -1323,6 +1323,34 @@ auto& allocator_for() {
 #endif
 }
 
+/// The GPU that memory allocated on D now belongs to: the current device for cuda
+/// (cudaMalloc allocates there), -1 for host devices, which have no GPU.
+template <class D>
+int allocation_gpu() noexcept {
+#if LOCUS_HAS_CUDA
+  if constexpr (std::is_same_v<typename D::allocator, cuda_allocator_kind>) return event_pool::current_device();
+#endif
+  return -1;
+}
+
+/// The GPU that holds the D memory at p, as the runtime knows it (memory another library
+/// allocated: unsafe_view); -1 for host devices, a null pointer or memory the runtime
+/// does not know.
+template <class D>
+int pointer_gpu(const void* p) noexcept {
+#if LOCUS_HAS_CUDA
+  if constexpr (std::is_same_v<typename D::allocator, cuda_allocator_kind>) {
+    cudaPointerAttributes a{};
+    if (p && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+        (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged))
+      return a.device;
+    (void)cudaGetLastError();
+  }
+#endif
+  (void)p;
+  return -1;
+}
+
 #if LOCUS_HAS_CUDA
 /// Notes that work on stream `s` uses the cuda or pinned block holding `p` (p may
 /// point anywhere inside a live block: views point into blocks). When the block is

@@ -104,7 +104,7 @@ tensor_view<T, D, 2> as_rows(const tensor_view<T, D, R>& x) noexcept {
   } else {
     const index_t b = R == 0 ? 1 : x.shape()[0];
     const index_t rest = b == 0 ? 0 : x.numel() / b;
-    return {::locus::detail::raw_view_key{}, x.data_handle(), extents<2>{b, rest}};
+    return {::locus::detail::raw_view_key{}, x.data_handle(), extents<2>{b, rest}, x.device_index()};
   }
 }
 /// A flat buffer of at least n elements (reallocated only when it is too small, so a
@@ -119,11 +119,11 @@ void ensure_numel(tensor<T, D, 1>& t, index_t n) {
 /// The first numel(shape) elements of a flat buffer as a view of that shape.
 template <class T, class D, std::size_t R>
 tensor_view<const T, D, R> shaped(const tensor<T, D, 1>& t, const extents<R>& shape) noexcept {
-  return {::locus::detail::raw_view_key{}, t.data_handle(), shape};
+  return {::locus::detail::raw_view_key{}, t.data_handle(), shape, t.device_index()};
 }
 template <class T, class D, std::size_t R>
 tensor_view<T, D, R> shaped_mut(tensor<T, D, 1>& t, const extents<R>& shape) noexcept {
-  return {::locus::detail::raw_view_key{}, t.data_handle(), shape};
+  return {::locus::detail::raw_view_key{}, t.data_handle(), shape, t.device_index()};
 }
 inline std::string shape_list(const std::vector<index_t>& s) {
   std::string out = "[";

@@ -113,19 +113,19 @@ class parameter_store {
   /// Parameter i as a view of rank R (its declared rank).
   template <std::size_t R>
   [[nodiscard]] tensor_view<master_type, D, R> master(std::size_t i) noexcept {
-    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i), master_.device_index()};
   }
   template <std::size_t R>
   [[nodiscard]] tensor_view<master_type, D, R> grad(std::size_t i) {
     settle_grad(i);
-    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i), grad_.device_index()};
   }
   template <std::size_t R>
   [[nodiscard]] tensor_view<const compute_type, D, R> compute(std::size_t i) const noexcept {
     const compute_type* base;
     if constexpr (separate_compute) base = compute_.data_handle();
     else base = master_.data_handle();
-    return {::locus::detail::raw_view_key{}, base + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, base + entries_[i].offset, shape_of<R>(i), master_.device_index()};
   }
   /// The index of the parameter called `name` (PyTorch's name: "0.weight", "3.bias"); an
   /// index_error listing every name when the model has none of that name.
@@ -151,18 +151,18 @@ class parameter_store {
   [[nodiscard]] tensor_view<const master_type, D, R> master(std::string_view name) const {
     const std::size_t i = index_of(name);
     check_rank(i, R);
-    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i)};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, shape_of<R>(i), master_.device_index()};
   }
   /// Parameter i's master weights and gradient as flat views.
   [[nodiscard]] tensor_view<master_type, D, 1> master_flat(std::size_t i) noexcept {
-    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}, master_.device_index()};
   }
   [[nodiscard]] tensor_view<const master_type, D, 1> master_flat(std::size_t i) const noexcept {
-    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, master_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}, master_.device_index()};
   }
   [[nodiscard]] tensor_view<master_type, D, 1> grad_flat(std::size_t i) {
     settle_grad(i);
-    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}};
+    return {::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}, grad_.device_index()};
   }
 
   /// Whether parameter i's gradient is discarded: it counts as zero and the next backward
@@ -182,10 +182,10 @@ class parameter_store {
   /// Either way the parameter counts as written afterwards.
   template <std::size_t R>
   [[nodiscard]] std::pair<tensor_view<master_type, D, R>, bool> grad_out(std::size_t i) noexcept {
-    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i)}, take(i)};
+    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, shape_of<R>(i), grad_.device_index()}, take(i)};
   }
   [[nodiscard]] std::pair<tensor_view<master_type, D, 1>, bool> grad_flat_out(std::size_t i) noexcept {
-    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}},
+    return {{::locus::detail::raw_view_key{}, grad_.data_handle() + entries_[i].offset, extents<1>{entries_[i].numel}, grad_.device_index()},
             take(i)};
   }
 

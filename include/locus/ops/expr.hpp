@@ -152,6 +152,7 @@ struct leaf_expr : expression_tag {
   tensor_view<const value_type, D, R> v;
 
   extents<R> shape() const { return v.shape(); }
+  void collect_gpus(gpu_seen& s) const noexcept { s.add(v.device_index()); }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const {
     if constexpr (RO != R) return false;
@@ -199,6 +200,7 @@ struct scalar_expr : expression_tag {
   static constexpr std::size_t rank = 0;
   compute_t<T> value;
   extents<0> shape() const { return {}; }
+  void collect_gpus(gpu_seen&) const noexcept {}
   template <std::size_t RO>
   bool linear_ok(const extents<RO>&) const { return true; }
   template <class V>
@@ -215,6 +217,7 @@ struct unary_expr : expression_tag {
   Op op;
   A a;
   auto shape() const { return a.shape(); }
+  void collect_gpus(gpu_seen& s) const noexcept { a.collect_gpus(s); }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out); }
   template <class V>
@@ -298,6 +301,10 @@ struct binary_expr : expression_tag {
   B b;
   extents<rank> shape_;
   binary_expr(Op o, A x, B y) : op(o), a(std::move(x)), b(std::move(y)), shape_(broadcast_shapes(a.shape(), b.shape())) {}
+  void collect_gpus(gpu_seen& s) const noexcept {
+    a.collect_gpus(s);
+    b.collect_gpus(s);
+  }
   extents<rank> shape() const { return shape_; }  // by value: expressions are temporaries
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out) && b.linear_ok(out); }
@@ -325,6 +332,11 @@ struct where_expr : expression_tag {
   where_expr(C x, A y, B z)
       : c(std::move(x)), a(std::move(y)), b(std::move(z)),
         shape_(broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape()))) {}
+  void collect_gpus(gpu_seen& s) const noexcept {
+    c.collect_gpus(s);
+    a.collect_gpus(s);
+    b.collect_gpus(s);
+  }
   extents<rank> shape() const { return shape_; }  // by value: expressions are temporaries
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const {
@@ -346,6 +358,7 @@ struct cast_expr : expression_tag {
   static constexpr std::size_t rank = A::rank;
   A a;
   auto shape() const { return a.shape(); }
+  void collect_gpus(gpu_seen& s) const noexcept { a.collect_gpus(s); }
   template <std::size_t RO>
   bool linear_ok(const extents<RO>& out) const { return a.linear_ok(out); }
   template <class V>
@@ -361,7 +374,7 @@ struct cast_expr : expression_tag {
 template <class X>
 auto as_view_const(const X& x) {
   using tr = tensor_traits<std::remove_cvref_t<X>>;
-  if constexpr (tr::is_view) return tensor_view<const typename tr::value_type, typename tr::device, tr::rank>(raw_view_key{}, x.data_handle(), x.shape(), x.strides());
+  if constexpr (tr::is_view) return tensor_view<const typename tr::value_type, typename tr::device, tr::rank>(raw_view_key{}, x.data_handle(), x.shape(), x.strides(), x.device_index());
   else return x.view();
 }
 
@@ -598,6 +611,22 @@ void evaluate_into_checked(const tensor_view<T, D, RO>& dst, const E& e) {
   }
 }
 
+/// An expression's operands (and a destination's GPU, `dst`) on the current GPU, before
+/// a launch: device_error otherwise (cuda only; nothing on host devices).
+template <class E>
+void check_expr_gpus(const char* what, const E& e, int dst = -1) {
+  using D = typename E::device;
+  if constexpr (!std::is_same_v<D, no_device> &&
+                std::is_same_v<typename D::allocator, cuda_allocator_kind>) {
+    gpu_seen s;
+    s.add(dst);
+    e.collect_gpus(s);
+    check_gpus<D>(what, s);
+  } else {
+    (void)what, (void)e, (void)dst;
+  }
+}
+
 /// The rules every evaluation into an existing view checks (`view = e`, `t += e`), each
 /// failing alone: nothing below a failed rule is instantiated.
 template <class T, class D, std::size_t RO, class E>
@@ -613,6 +642,13 @@ void evaluate_into(const tensor_view<T, D, RO>& dst, const E& e) {
                   "never down: reshape the source (x.reshape({n}); an expression: locus::eval(x) first) or "
                   "reduce it (locus::sum(x, axis))");
   } else {
+    if constexpr (std::is_same_v<typename D::allocator, cuda_allocator_kind>) {
+      // every operand and the destination on the current GPU, before the launch
+      gpu_seen s;
+      s.add(dst.device_index());
+      e.collect_gpus(s);
+      check_gpus<D>("an expression", s);
+    }
     evaluate_into_checked(dst, e);
   }
 }

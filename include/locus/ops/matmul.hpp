@@ -646,6 +646,7 @@ template <class O, class T, class D, std::size_t R>
 void gemm_engine(const tensor_view<O, D, R>& c, const tensor_view<const T, D, R>& a,
                  const tensor_view<const T, D, R>& b, gemm_bias<O> bias, activation act,
                  const matmul_dims& d, bool accumulate = false) {
+  check_same_gpu<D>("a matrix product (matmul, linear)", c, a, b);
   if (d.batch == 0 || d.m == 0 || d.n == 0) return;
   const byte_range rc = range_of(c);
   const bool bias_overlaps =
@@ -676,7 +677,7 @@ tensor_view<T, D, R> swap_last_axes(const tensor_view<T, D, R>& v) noexcept {
   extents<R> s = v.shape(), st = v.strides();
   std::swap(s[R - 1], s[R - 2]);
   std::swap(st[R - 1], st[R - 2]);
-  return {raw_view_key{}, v.data_handle(), s, st};
+  return {raw_view_key{}, v.data_handle(), s, st, v.device_index()};
 }
 
 }  // namespace detail

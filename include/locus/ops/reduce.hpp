@@ -930,6 +930,7 @@ void reduce_all_into(const E& e, tensor<reduce_result_t<K, typename E::value_typ
   using T = typename E::value_type;
   using D = typename E::device;
   constexpr std::size_t R = E::rank;
+  check_expr_gpus(reduce_name(K), e, result.device_index());
   const auto shape = e.shape();
   const index_t n = numel_of(shape);
   if constexpr (needs_elements<K>()) {
@@ -963,6 +964,7 @@ auto reduce_axis_checked(const E& e, std::size_t axis, double correction) {
   using Out = reduce_result_t<K, T>;
   constexpr std::size_t R = E::rank;
   constexpr std::size_t RO = KeepDim ? R : R - 1;
+  check_expr_gpus(reduce_name(K), e);
   const auto shape = e.shape();
   check_axis(axis, shape);
   extents<RO> oshape{};

@@ -201,6 +201,7 @@ auto softmax_impl(const X& x, std::size_t axis) {
     return 0;
   } else {
     const E e = to_expr(x);
+    check_expr_gpus(Log ? "log_softmax" : "softmax", e);
     const auto shape = e.shape();
     check_axis(axis, shape);
     tensor<T, D, R> out(shape);
@@ -278,6 +279,7 @@ auto one_hot(const L& labels, index_t classes) {
   for (std::size_t k = 0; k < R; ++k) shape[k] = lv.shape()[k];
   shape[R] = classes;
   if (!lv.is_contiguous()) throw shape_error("locus: one_hot needs contiguous labels; clone() them first");
+  detail::check_same_gpu<D>("one_hot", lv);
   if constexpr (D::host_accessible) {
     const LT* p = lv.data_handle();
     for (index_t i = 0; i < lv.numel(); ++i)

@@ -170,10 +170,13 @@ class tensor_view {
   tensor_view() noexcept = default;
   /// Raw pointers enter only through locus::unsafe_view<D>(p, shape) (the key is
   /// locus's own): an ordinary constructor would let any pointer be typed as any device.
-  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape, const extents<R>& strides) noexcept
-      : data_(data), shape_(shape), strides_(strides) {}
-  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape) noexcept
-      : data_(data), shape_(shape), strides_(detail::contiguous_strides(shape)) {}
+  /// `gpu`: the GPU the memory belongs to (cuda), or -1 where it is not known (then no
+  /// operation can check it) and on host devices.
+  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape, const extents<R>& strides,
+              int gpu = -1) noexcept
+      : data_(data), shape_(shape), strides_(strides), gpu_(gpu) {}
+  tensor_view(detail::raw_view_key, T* data, const extents<R>& shape, int gpu = -1) noexcept
+      : data_(data), shape_(shape), strides_(detail::contiguous_strides(shape)), gpu_(gpu) {}
 
   // Prevents: any pointer typed as any device by an ordinary constructor
   // (tensor_view<float, cpu, 1>(cuda_tensor.data_handle(), {4})).
@@ -190,7 +193,7 @@ class tensor_view {
   template <class U>
     requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
   tensor_view(const tensor_view<U, D, R>& other) noexcept
-      : data_(other.data_handle()), shape_(other.shape()), strides_(other.strides()) {}
+      : data_(other.data_handle()), shape_(other.shape()), strides_(other.strides()), gpu_(other.device_index()) {}
 
   /// A view of another device, dtype, rank or constness does not convert: a compile
   /// error that names the transfer, cast or reshape to write (a candidate list otherwise).
@@ -205,11 +208,13 @@ class tensor_view {
   template <class U>
     requires std::is_same_v<U, value_type>
   tensor_view(tensor<U, D, R>& t) noexcept
-      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())) {}
+      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())),
+        gpu_(t.device_index()) {}
   template <class U>
     requires std::is_same_v<const U, T>
   tensor_view(const tensor<U, D, R>& t) noexcept
-      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())) {}
+      : data_(t.data_handle()), shape_(t.shape()), strides_(detail::contiguous_strides(t.shape())),
+        gpu_(t.device_index()) {}
   template <class U>
     requires std::is_same_v<U, T>
   tensor_view(const tensor<U, D, R>&) {
@@ -239,6 +244,9 @@ class tensor_view {
   [[nodiscard]] extents<R> shape() const&& noexcept { return shape_; }
   [[nodiscard]] const extents<R>& strides() const& noexcept { return strides_; }
   [[nodiscard]] extents<R> strides() const&& noexcept { return strides_; }
+  /// The GPU the viewed memory lives on (cuda); -1 on host devices and where locus
+  /// does not know it (a view of memory another library allocated, without a device).
+  [[nodiscard]] int device_index() const noexcept { return gpu_; }
   [[nodiscard]] index_t extent(std::size_t axis) const {
     if (axis >= R)
       throw shape_error("locus: axis " + std::to_string(axis) + " out of range for rank " +
@@ -347,7 +355,7 @@ class tensor_view {
   /// A view of another rank over the same contiguous memory.
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& shape) const {
-    return {detail::raw_view_key{}, data_, detail::checked_reshape(shape_, shape, is_contiguous())};
+    return {detail::raw_view_key{}, data_, detail::checked_reshape(shape_, shape, is_contiguous()), gpu_};
   }
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const index_t (&shape)[R2]) const {
@@ -364,7 +372,7 @@ class tensor_view {
     s[0] = end - begin;
     // no offset on an empty view: its pointer may be null (offsetting one is UB)
     T* p = s[0] == 0 || detail::numel_of(s) == 0 ? data_ : data_ + begin * strides_[0];
-    return {detail::raw_view_key{}, p, s, strides_};
+    return {detail::raw_view_key{}, p, s, strides_, gpu_};
   }
 
   /// A contiguous deep copy in a new tensor on the same device (defined in
@@ -376,6 +384,7 @@ class tensor_view {
   T* data_ = nullptr;
   extents<R> shape_{};
   extents<R> strides_{};
+  int gpu_ = -1;
 };
 
 template <class T, class D, std::size_t R>
@@ -400,6 +409,7 @@ class tensor {
   explicit tensor(const extents<R>& shape) : shape_(shape) {
     const index_t n = detail::checked_numel(shape, sizeof(T));
     data_ = static_cast<T*>(detail::allocator_for<D>().allocate(static_cast<std::size_t>(n) * sizeof(T)));
+    gpu_ = detail::allocation_gpu<D>();
   }
 
   /// Evaluates an expression (ops/expr.hpp) into a new tensor: one fused kernel.
@@ -416,12 +426,15 @@ class tensor {
   }
 
   tensor(tensor&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), shape_(std::exchange(other.shape_, {})) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        shape_(std::exchange(other.shape_, {})),
+        gpu_(std::exchange(other.gpu_, -1)) {}
   tensor& operator=(tensor&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       shape_ = std::exchange(other.shape_, {});
+      gpu_ = std::exchange(other.gpu_, -1);
     }
     return *this;
   }
@@ -484,6 +497,9 @@ class tensor {
   [[nodiscard]] const extents<R>& shape() const& noexcept { return shape_; }
   [[nodiscard]] extents<R> shape() const&& noexcept { return shape_; }
   [[nodiscard]] extents<R> strides() const noexcept { return detail::contiguous_strides(shape_); }
+  /// The GPU that holds the memory (cuda: the device that was current when it was
+  /// allocated); -1 on host devices and for an empty tensor that never allocated.
+  [[nodiscard]] int device_index() const noexcept { return gpu_; }
   [[nodiscard]] index_t extent(std::size_t axis) const { return view().extent(axis); }
   [[nodiscard]] index_t numel() const noexcept { return detail::numel_of(shape_); }
   [[nodiscard]] std::size_t size_bytes() const noexcept {
@@ -518,8 +534,8 @@ class tensor {
   T item() const { return view().item(); }
 
   // (A tensor converts to its views through tensor_view's constructors.)
-  [[nodiscard]] tensor_view<T, D, R> view() & noexcept { return {detail::raw_view_key{}, data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, D, R> view() const& noexcept { return {detail::raw_view_key{}, data_, shape_}; }
+  [[nodiscard]] tensor_view<T, D, R> view() & noexcept { return {detail::raw_view_key{}, data_, shape_, gpu_}; }
+  [[nodiscard]] tensor_view<const T, D, R> view() const& noexcept { return {detail::raw_view_key{}, data_, shape_, gpu_}; }
 
   template <std::size_t R2>
   [[nodiscard]] tensor_view<T, D, R2> reshape(const extents<R2>& s) & {
@@ -613,6 +629,7 @@ class tensor {
 
   T* data_ = nullptr;
   extents<R> shape_{};
+  int gpu_ = -1;
 };
 
 /// Swaps two tensors of the same type (found by ADL: `using std::swap; swap(a, b);` or
@@ -686,7 +703,8 @@ template <Device D, class T, std::size_t R>
       }
     }
   }
-  return tensor_view<T, D, R>(detail::raw_view_key{}, p, shape, strides);
+  // cuda: the GPU the runtime says holds p, so that operations can check it
+  return tensor_view<T, D, R>(detail::raw_view_key{}, p, shape, strides, detail::pointer_gpu<D>(p));
 }
 template <Device D, class T, std::size_t R>
 [[nodiscard]] tensor_view<T, D, R> unsafe_view(T* p, const extents<R>& shape) {
@@ -728,6 +746,58 @@ byte_range range_of(const tensor_view<T, D, R>& v) noexcept {
   return range_of(static_cast<const void*>(v.data_handle()), v.shape(), v.strides(), sizeof(T));
 }
 
+// ---- one operation, one GPU ------------------------------------------------------------
+/// The GPUs an operation's operands live on: the first known one and, if any, another.
+struct gpu_seen {
+  int first = -1;
+  int other = -1;
+  void add(int g) noexcept {
+    if (g < 0) return;  // a host device, or memory whose GPU is not known
+    if (first < 0) first = g;
+    else if (g != first && other < 0) other = g;
+  }
+};
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_gpu_mismatch(const char* what, int a, int b, int current) {
+  if (b >= 0)
+    throw device_error(format("locus: %s has operands on GPU %d and on GPU %d (GPU %d is current); one "
+                              "operation runs on one GPU: move one first, locus::to_device(t, %d), or "
+                              "compute each part on its own GPU under locus::device_guard g(n)",
+                              what, a, b, current, current),
+                       a, b);
+  throw device_error(format("locus: %s: the operands live on GPU %d, but GPU %d is current, where the "
+                            "work would launch; make their GPU current for this work "
+                            "(locus::device_guard g(%d);), or move them: locus::to_device(t, %d)",
+                            what, a, current, a, current),
+                     a, current);
+}
+
+/// Work on cuda launches on the current GPU: every operand and destination whose GPU is
+/// known must live there, checked before anything is launched or changed. Host devices
+/// have nothing to check (compiled away).
+template <class D>
+inline void check_gpus(const char* what, const gpu_seen& s) {
+  if constexpr (std::is_same_v<typename D::allocator, cuda_allocator_kind>) {
+    if (s.first < 0) return;
+    const int current = allocation_gpu<D>();
+    if (s.other >= 0) throw_gpu_mismatch(what, s.first, s.other, current);
+    if (s.first != current) throw_gpu_mismatch(what, s.first, -1, current);
+  } else {
+    (void)what, (void)s;
+  }
+}
+/// The same for tensors and views.
+template <class D, class... V>
+inline void check_same_gpu(const char* what, const V&... operands) {
+  if constexpr (std::is_same_v<typename D::allocator, cuda_allocator_kind>) {
+    gpu_seen s;
+    (s.add(operands.device_index()), ...);
+    check_gpus<D>(what, s);
+  } else {
+    (void)what, ((void)operands, ...);
+  }
+}
+
 /// locus's own door for memory it allocated (no checks: the shapes are its own).
 template <class D, class T, std::size_t R>
 tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape) noexcept {
@@ -736,6 +806,11 @@ tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape) noexcept {
 template <class D, class T, std::size_t R>
 tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape, const extents<R>& strides) noexcept {
   return tensor_view<T, D, R>(raw_view_key{}, p, shape, strides);
+}
+/// ... and of memory on a known GPU (`gpu`: a tensor's device_index()).
+template <class D, class T, std::size_t R>
+tensor_view<T, D, R> raw_view(T* p, const extents<R>& shape, int gpu) noexcept {
+  return tensor_view<T, D, R>(raw_view_key{}, p, shape, gpu);
 }
 }  // namespace detail
 

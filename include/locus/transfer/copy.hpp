@@ -147,6 +147,32 @@ void copy_views(const tensor_view<const T, SD, R> s, const tensor_view<T, DD, R>
   }
   const T* sp = s.data_handle();
   T* dp = d.data_handle();
+#if LOCUS_HAS_CUDA
+  if constexpr (!SD::host_accessible && !DD::host_accessible) {
+    // Between GPUs (or on a GPU that is not current): a blocking peer copy. It waits
+    // for every locus stream of the source's GPU (the writer may be any of them), runs
+    // on the destination GPU's current stream after every locus stream there, and is
+    // complete when copy() returns, so no later work on either GPU can race with it.
+    // Two GPUs never share memory: no overlap.
+    const int current = allocation_gpu<DD>();
+    const int sg = s.device_index() >= 0 ? s.device_index() : current;
+    const int dg = d.device_index() >= 0 ? d.device_index() : current;
+    if (sg != current || dg != current) {
+      if (!s.is_contiguous() || !d.is_contiguous())
+        throw_shape_error("locus: a copy between GPU %d and GPU %d of a non-contiguous view (shape %s) needs a "
+                          "gather kernel; copy a contiguous tensor (clone() it on its GPU first)",
+                          sg, dg, shape_chars<R>(s.shape()).s);
+      {
+        const host_transfer_scope src_scope(sp);
+        LOCUS_CUDA_CHECK(cudaStreamSynchronize(src_scope.stream()));
+      }
+      const host_transfer_scope dst_scope(dp);
+      LOCUS_CUDA_CHECK(cudaMemcpyPeerAsync(dp, dg, sp, sg, s.size_bytes(), dst_scope.stream()));
+      LOCUS_CUDA_CHECK(cudaStreamSynchronize(dst_scope.stream()));
+      return;
+    }
+  }
+#endif
   if (s.is_contiguous() && d.is_contiguous()) {
     copy_bytes<SD, DD>(dp, sp, s.size_bytes());
   } else if constexpr (SD::host_accessible && DD::host_accessible) {
