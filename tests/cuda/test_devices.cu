@@ -1,0 +1,102 @@
+// CUDA suite: one operation, one GPU (issue 29). On any GPU machine: a view that claims
+// another GPU than the current one (over real memory of this GPU, so nothing would crash
+// if the check were missing) makes every kind of cuda operation a device_error before it
+// launches, with the destination unchanged. On a machine with two GPUs: tensors really
+// allocated on GPU 0 and GPU 1, the same refusals, to_device and peer copies checked
+// against the host values (skipped, and reported so, with fewer than two GPUs).
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <locus/locus.hpp>
+
+namespace {
+using locus::index_t;
+
+std::vector<float> host_values(const locus::tensor<float, locus::cuda, 2>& t) {
+  const auto h = locus::to<locus::cpu>(t);
+  return {h.data(), h.data() + h.numel()};
+}
+
+/// A view of t's memory that claims to live on GPU `gpu`.
+locus::tensor_view<float, locus::cuda, 2> claiming(locus::tensor<float, locus::cuda, 2>& t, int gpu) {
+  return locus::detail::raw_view<locus::cuda>(t.data_handle(), t.shape(), gpu);
+}
+
+template <class F>
+void expect_device_error(F&& f, int a, int b) {
+  try {
+    f();
+    FAIL("no device_error");
+  } catch (const locus::device_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("GPU " + std::to_string(a)) != std::string::npos);
+    CHECK(m.find("GPU " + std::to_string(b)) != std::string::npos);
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda operations refuse an operand that lives on another GPU, before launching") {
+  const int cur = locus::current_device();
+  const int other = cur + 1;  // need not exist: the check comes first
+  auto a = locus::randn<float, locus::cuda>({8, 8}, 1);
+  auto b = locus::randn<float, locus::cuda>({8, 8}, 2);
+  auto out = locus::zeros<float, locus::cuda>({8, 8});
+  auto far = claiming(b, other);
+  const auto before = host_values(out);
+
+  CHECK(a.device_index() == cur);
+  CHECK(a.view().device_index() == cur);
+  expect_device_error([&] { out.view() = a + far; }, cur, other);               // expression
+  expect_device_error([&] { out += locus::exp(far) * 2.0f; }, other, cur);      // compound, deep
+  expect_device_error([&] { claiming(out, other) = a * 1.0f; }, other, cur);    // destination
+  expect_device_error([&] { (void)locus::matmul(a, far); }, cur, other);        // GEMM
+  expect_device_error([&] { locus::matmul_into(out, far, a); }, cur, other);
+  expect_device_error([&] { (void)locus::linear(a, far); }, cur, other);
+  expect_device_error([&] { (void)locus::sum(far); }, other, cur);              // reductions
+  expect_device_error([&] { (void)locus::sum(far, 1); }, other, cur);
+  expect_device_error([&] { (void)locus::max(a + far); }, cur, other);
+  expect_device_error([&] { (void)locus::softmax(far, 1); }, other, cur);       // softmax
+  expect_device_error([&] { (void)locus::log_softmax(a - far, 0); }, cur, other);
+  CHECK(host_values(out) == before);  // nothing written
+
+  // the same operations on one GPU run
+  out.view() = a + b;
+  const auto ha = host_values(a), hb = host_values(b), ho = host_values(out);
+  for (std::size_t i = 0; i < ho.size(); ++i) CHECK(ho[i] == ha[i] + hb[i]);
+}
+
+TEST_CASE("two GPUs: tensors know their GPU, mixes are refused, to_device and peer copies move values" *
+          doctest::skip(locus::device_count() < 2)) {
+  auto h = locus::randn<float, locus::cpu>({64, 32}, 7);
+  auto g0 = locus::to_device(h, 0);
+  auto g1 = locus::to_device(h, 1);
+  CHECK(g0.device_index() == 0);
+  CHECK(g1.device_index() == 1);
+  {
+    const locus::device_guard on(1);
+    auto fresh = locus::zeros<float, locus::cuda>({2, 2});
+    CHECK(fresh.device_index() == 1);
+    CHECK(locus::current_device() == 1);
+  }
+  const int cur = locus::current_device();
+  REQUIRE(cur == 0);
+  auto out = locus::zeros<float, locus::cuda>({64, 32});
+  expect_device_error([&] { out.view() = g0 + g1; }, 0, 1);
+  expect_device_error([&] { (void)locus::matmul(g0, locus::transpose(g1)); }, 0, 1);
+  expect_device_error([&] { (void)locus::sum(g1); }, 1, 0);
+  {
+    const locus::device_guard on(1);
+    CHECK(locus::sum(g1).device_index() == 1);  // on its own GPU it runs
+  }
+  // explicit moves between GPUs: to_device and copy (peer copies)
+  auto back = locus::to_device(g1, 0);
+  CHECK(back.device_index() == 0);
+  const auto hv = locus::to<locus::cpu>(back);
+  for (index_t i = 0; i < h.numel(); ++i) CHECK(hv.data()[i] == h.data()[i]);
+  auto dst1 = locus::to_device(locus::zeros<float, locus::cpu>({64, 32}), 1);
+  locus::copy(g0, dst1);
+  const auto hd = locus::to<locus::cpu>(dst1);
+  for (index_t i = 0; i < h.numel(); ++i) CHECK(hd.data()[i] == h.data()[i]);
+}
