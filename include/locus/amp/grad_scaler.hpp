@@ -39,12 +39,12 @@ class grad_scaler {
  public:
   using device = D;
 
+  /// Options outside their ranges are a value_error naming the option and its value:
+  /// init_scale finite and at least 2^-126 (its reciprocal divides the gradients),
+  /// growth_factor finite and > 1, backoff_factor in (0, 1), growth_interval in
+  /// [1, 2^24] (the clean steps are counted in an f32, exact up to 2^24).
   explicit grad_scaler(grad_scaler_options o = {}) : o_(o) {
-    if (!(o.init_scale > 0.0f) || !(o.growth_factor > 1.0f) || !(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f) ||
-        o.growth_interval < 1)
-      throw ::locus::value_error(
-          "locus: grad_scaler needs init_scale > 0, growth_factor > 1, backoff_factor in (0, 1) and "
-          "growth_interval >= 1");
+    check_options(o);
     detail::step_state s{};
     s.scale = o.init_scale;
     state_ = tensor<std::int64_t, D, 1>(extents<1>{words});
@@ -97,11 +97,12 @@ class grad_scaler {
     t(2) = static_cast<float>(s.skipped);
     return t;
   }
-  /// Whether load_state_dict accepts t's values (3 of them): a positive finite scale and
-  /// whole, non-negative counts that fit their types (skipped becomes an int64).
+  /// Whether load_state_dict accepts t's values (3 of them): a finite scale of at least
+  /// 2^-126 (what the update keeps it to) and whole, non-negative counts that fit their
+  /// types (skipped becomes an int64).
   static bool valid_state(const tensor_view<const float, cpu, 1>& t) {
     auto whole = [](float x, float limit) { return std::isfinite(x) && x >= 0.0f && x < limit && std::floor(x) == x; };
-    return t.numel() == 3 && std::isfinite(t(0)) && t(0) > 0.0f && whole(t(1), 2147483648.0f) &&
+    return t.numel() == 3 && std::isfinite(t(0)) && t(0) >= detail::min_loss_scale() && whole(t(1), 2147483648.0f) &&
            whole(t(2), 9223372036854775808.0f);
   }
   void load_state_dict(const tensor_view<const float, cpu, 1>& t) {
@@ -110,7 +111,7 @@ class grad_scaler {
     if (!valid_state(t))
       throw ::locus::value_error("locus: grad_scaler state [" + std::to_string(t(0)) + ", " + std::to_string(t(1)) +
                                   ", " + std::to_string(t(2)) +
-                                  "] is not [scale > 0, growth tracker >= 0, skipped steps >= 0] (finite, the "
+                                  "] is not [scale >= 2^-126, growth tracker >= 0, skipped steps >= 0] (finite, the "
                                   "counts whole)");
     detail::step_state s{};
     s.scale = t(0);
@@ -121,6 +122,24 @@ class grad_scaler {
 
  private:
   static constexpr index_t words = (sizeof(detail::step_state) + 7) / 8;
+
+  static void check_options(const grad_scaler_options& o) {
+    const auto bad = [](const char* option, double value, const char* rule) {
+      ::locus::detail::throw_value_error("locus: grad_scaler option %s = %s: %s", option,
+                                         ::locus::detail::number_chars(value).s, rule);
+    };
+    if (!(std::isfinite(o.init_scale) && o.init_scale >= detail::min_loss_scale()))
+      bad("init_scale", o.init_scale,
+          "must be a finite number of at least 2^-126 (1.1754944e-38, f32's smallest normal value: the gradients "
+          "are divided by it), e.g. 65536");
+    if (!(std::isfinite(o.growth_factor) && o.growth_factor > 1.0f))
+      bad("growth_factor", o.growth_factor, "must be a finite number > 1, e.g. 2");
+    if (!(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f))
+      bad("backoff_factor", o.backoff_factor, "must be in (0, 1), e.g. 0.5");
+    if (o.growth_interval < 1 || o.growth_interval > (1 << 24))
+      bad("growth_interval", o.growth_interval,
+          "must be in [1, 16777216] (the clean steps are counted in an f32, exact up to 2^24), e.g. 2000");
+  }
 
   detail::step_state read() const {
     const auto h = to<cpu>(state_);

@@ -115,9 +115,47 @@ struct sample_key {
   index_t index = 0;
 };
 
+/// What a loader knows of its samples when it checks its transform, before the first
+/// batch: the floats per sample (the dataset's features()) and, when known, channels x
+/// height x width (data::images gives them; a transform that declares them, such as
+/// random_crop or horizontal_flip, fills them in). 0: not known.
+struct sample_shape {
+  index_t features = 0;
+  index_t channels = 0, height = 0, width = 0;
+};
+
 /// A per-sample transform: rewrites the sample's features() floats in place (data
-/// augmentation: data/transforms.hpp). Called on the loader's background thread.
-using sample_transform = std::function<void(std::span<float> sample, const sample_key& key)>;
+/// augmentation: data/transforms.hpp). Called on the loader's background thread. Any
+/// callable void(std::span<float>, const sample_key&) converts to it, as to a
+/// std::function; one that also has `void check(sample_shape&) const` (every transform
+/// of data/transforms.hpp, and compose) is checked against the samples' shape when the
+/// loader is built and again by data::images, so a transform that does not fit the
+/// samples is a shape_error before any batch, not a wrong image on the loader's thread.
+class sample_transform {
+ public:
+  sample_transform() = default;
+  sample_transform(std::nullptr_t) noexcept {}
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, sample_transform> &&
+             std::is_invocable_v<std::remove_cvref_t<F>&, std::span<float>, const sample_key&>)
+  sample_transform(F&& f) : apply_(f) {  // NOLINT: converts implicitly, as std::function does
+    using G = std::remove_cvref_t<F>;
+    if constexpr (requires(const G& g, sample_shape& s) { g.check(s); })
+      check_ = [g = G(f)](sample_shape& s) { g.check(s); };
+  }
+
+  void operator()(std::span<float> sample, const sample_key& key) const { apply_(sample, key); }
+  explicit operator bool() const noexcept { return static_cast<bool>(apply_); }
+  /// Checks the transform against what is known of the samples (shape_error or
+  /// value_error), and fills in the shape it declares; nothing for a plain callable.
+  void check(sample_shape& s) const {
+    if (check_) check_(s);
+  }
+
+ private:
+  std::function<void(std::span<float>, const sample_key&)> apply_;
+  std::function<void(sample_shape&)> check_;
+};
 
 struct loader_options {
   index_t batch_size = 64;
@@ -216,6 +254,7 @@ class loader {
       throw error("locus: loader prefetch must be >= 1, got " + std::to_string(options_.prefetch));
     if (static_cast<index_t>(source.size()) < 0 || static_cast<index_t>(source.features()) < 0)
       throw error("locus: loader dataset reports a negative size or feature count");
+    check_transform(sample_shape{features()});
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) {
       cuda_.device = locus::detail::current_device();
@@ -237,6 +276,13 @@ class loader {
 
   /// Floats per sample (the dataset's features()).
   [[nodiscard]] index_t features() const { return static_cast<index_t>(source_->features()); }
+
+  /// Checks the transform against the samples' shape s (its features() those of the
+  /// dataset): the loader's constructor does with the features alone, data::images with
+  /// channels, height and width. shape_error or value_error; nothing changes.
+  void check_transform(sample_shape s) const {
+    if (options_.transform) options_.transform.check(s);
+  }
 
   /// Samples this rank reads per epoch.
   [[nodiscard]] index_t shard_size() const {
@@ -583,10 +629,17 @@ class image_loader {
   using device = typename decltype(std::declval<Loader&>().begin())::value_type::device_type;
 
   image_loader(Loader& l, index_t channels, index_t height, index_t width) : l_(&l), c_(channels), h_(height), w_(width) {
-    if (c_ <= 0 || h_ <= 0 || w_ <= 0 || c_ * h_ * w_ != l.features())
+    index_t chw = 0;
+    const bool fits = c_ > 0 && h_ > 0 && w_ > 0 && !__builtin_mul_overflow(c_, h_, &chw) &&
+                      !__builtin_mul_overflow(chw, w_, &chw);
+    if (!fits || chw != l.features())
       throw shape_error("locus: data::images(loader, " + std::to_string(c_) + ", " + std::to_string(h_) + ", " +
                         std::to_string(w_) + "): the dataset's samples have " + std::to_string(l.features()) +
-                        " features, not channels * height * width = " + std::to_string(c_ * h_ * w_));
+                        " features, not channels * height * width = " +
+                        (fits ? std::to_string(chw) : std::string(c_ > 0 && h_ > 0 && w_ > 0 ? "(beyond 2^63)" : "(not positive)")));
+    // the loader's transform, now that the samples' channels, height and width are known
+    if constexpr (requires(const Loader& cl) { cl.check_transform(sample_shape{}); })
+      l.check_transform(sample_shape{l.features(), c_, h_, w_});
   }
 
   struct sentinel {};

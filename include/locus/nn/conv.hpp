@@ -97,6 +97,18 @@ inline std::string dims4(const extents<4>& s) {
          std::to_string(s[3]) + "]";
 }
 
+/// A rank-4 shape with no negative extent whose element count, and every partial product
+/// (h * w of an empty batch too), fits in index_t: output_shape takes any numbers.
+inline void check_countable(const std::string& layer, const char* what, const extents<4>& s) {
+  index_t n = 0;
+  const auto at_least_1 = [](index_t v) { return v < 1 ? index_t{1} : v; };
+  if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 ||
+      !locus::detail::checked_product(n, at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3])))
+    throw shape_error("locus: " + layer + ": the " + what + " " + dims4(s) +
+                      (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 ? " has a negative extent"
+                                                                      : " has more elements than fit in 64 bits"));
+}
+
 /// Checks a rank-4 input's channels; throws shape_error naming the layer.
 inline void check_channels(const std::string& layer, index_t expected, const extents<4>& s) {
   if (s[1] != expected)
@@ -346,6 +358,14 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     if (in_ % o_.groups != 0 || out_ % o_.groups != 0)
       bad("groups (" + std::to_string(o_.groups) + ") must divide both the input channels (" + std::to_string(in_) +
           ") and the output channels (" + std::to_string(out_) + ")");
+    // What no input can make right: a weight or a window whose size overflows 64 bits.
+    index_t count = 0;
+    if (!locus::detail::checked_product(count, out_, in_ / o_.groups, k_, k_) ||
+        count > std::numeric_limits<index_t>::max() - out_)
+      bad("the weight [" + std::to_string(out_) + ", " + std::to_string(in_ / o_.groups) + ", " + std::to_string(k_) +
+          ", " + std::to_string(k_) + "] (and bias) has more elements than fit in 64 bits");
+    if (!locus::detail::window_extent(0, k_, o_.stride, o_.padding, o_.dilation).ok)
+      bad("the dilated kernel dilation * (kernel_size - 1) + 1 or the padding 2 * padding overflows 64-bit indices");
   }
 
   [[nodiscard]] index_t in_channels() const noexcept { return in_; }
@@ -406,14 +426,28 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     g.pad = o_.padding;
     g.dil = o_.dilation;
     g.groups = o_.groups;
+    detail::check_countable(describe(), "input", s);
     if (g.h <= 0 || g.w <= 0)
       throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
-    g.ho = locus::detail::conv_out_extent(g.h, k_, g.stride, g.pad, g.dil);
-    g.wo = locus::detail::conv_out_extent(g.w, k_, g.stride, g.pad, g.dil);
+    // PyTorch's output size, (in + 2 * padding - dilation * (k - 1) - 1) / stride + 1,
+    // with every step overflow-checked (UBSan found the unchecked form overflowing)
+    const auto ah = locus::detail::window_extent(g.h, k_, g.stride, g.pad, g.dil);
+    const auto aw = locus::detail::window_extent(g.w, k_, g.stride, g.pad, g.dil);
+    if (!ah.ok || !aw.ok)
+      throw shape_error("locus: " + describe() + ": the input " + detail::dims4(s) + " with padding " +
+                        std::to_string(g.pad) + " has more rows or columns than 64-bit indices reach");
+    g.ho = ah.out;
+    g.wo = aw.out;
     if (g.ho <= 0 || g.wo <= 0)
-      throw shape_error("locus: " + describe() + ": the kernel (" + std::to_string(g.dil * (k_ - 1) + 1) +
+      throw shape_error("locus: " + describe() + ": the kernel (" + std::to_string(ah.span) +
                         " wide with dilation) is larger than the padded input " + detail::dims4(s) + " (padding " +
                         std::to_string(g.pad) + ")");
+    index_t count = 0;
+    if (!locus::detail::checked_product(count, g.n, g.k, g.ho, g.wo) ||
+        !locus::detail::checked_product(count, g.depth(), g.ho, g.wo))
+      throw shape_error("locus: " + describe() + ": the output of input " + detail::dims4(s) + " ([" +
+                        std::to_string(g.n) + ", " + std::to_string(g.k) + ", " + std::to_string(g.ho) + ", " +
+                        std::to_string(g.wo) + "], or its im2col columns) has more elements than fit in 64 bits");
     return g;
   }
 
@@ -753,6 +787,7 @@ class window_pool : public pool_base<Derived, D, Policy> {
   }
   [[nodiscard]] locus::detail::pool_geometry geometry(const extents<4>& s) const {
     locus::detail::pool_geometry g = g_;
+    check_countable(self().describe(), "input", s);
     g.h = s[2];
     g.w = s[3];
     if (g.h <= 0 || g.w <= 0)
@@ -760,10 +795,22 @@ class window_pool : public pool_base<Derived, D, Policy> {
     if (Derived::positions_32bit && g.h * g.w > static_cast<index_t>(std::numeric_limits<std::int32_t>::max()))
       throw shape_error("locus: " + self().describe() + ": planes of more than 2^31 - 1 elements are not supported "
                         "(the maximum's position is kept as a 32-bit index), but the input is " + dims4(s));
-    g.ho = locus::detail::conv_out_extent(g.h, g.k, g.stride, g.pad, 1);
-    g.wo = locus::detail::conv_out_extent(g.w, g.k, g.stride, g.pad, 1);
+    // PyTorch's (in + 2 * padding - kernel_size) / stride + 1, overflow-checked
+    const auto ah = locus::detail::window_extent(g.h, g.k, g.stride, g.pad, 1);
+    const auto aw = locus::detail::window_extent(g.w, g.k, g.stride, g.pad, 1);
+    if (!ah.ok || !aw.ok)
+      throw shape_error("locus: " + self().describe() + ": the input " + dims4(s) +
+                        " with its padding has more rows or columns than 64-bit indices reach");
+    g.ho = ah.out;
+    g.wo = aw.out;
     if (g.ho <= 0 || g.wo <= 0)
-      throw shape_error("locus: " + self().describe() + ": the window is larger than the padded input " + dims4(s));
+      throw shape_error("locus: " + self().describe() + ": the window is larger than the padded input " + dims4(s) +
+                        " (calculated output size " + std::to_string(g.ho) + " x " + std::to_string(g.wo) +
+                        " is too small)");
+    index_t count = 0;
+    if (!locus::detail::checked_product(count, s[0], s[1], g.ho, g.wo))
+      throw shape_error("locus: " + self().describe() + ": the output of input " + dims4(s) +
+                        " has more elements than fit in 64 bits");
     return g;
   }
 
@@ -777,8 +824,16 @@ class window_pool : public pool_base<Derived, D, Policy> {
     const std::string d = self().describe();
     if (g_.k <= 0) throw shape_error("locus: " + d + ": needs a positive kernel size");
     if (g_.stride <= 0) throw shape_error("locus: " + d + ": stride must be at least 1, got " + std::to_string(g_.stride));
-    if (g_.pad < 0 || 2 * g_.pad > g_.k)
+    // PyTorch's rule (pad should be at most half of effective kernel size): no window
+    // then lies entirely in the padding, where max pooling would give -inf and average
+    // pooling without the padding would divide by 0. Written without 2 * pad, which
+    // overflows for a huge padding.
+    if (g_.pad < 0 || g_.pad > g_.k / 2)
       throw shape_error("locus: " + d + ": padding must be in [0, kernel_size / 2], got " + std::to_string(g_.pad));
+    index_t area = 0;  // the divisor of average pooling, k * k
+    if (!locus::detail::checked_product(area, g_.k, g_.k) || !locus::detail::window_extent(0, g_.k, g_.stride, g_.pad, 1).ok)
+      throw shape_error("locus: " + d + ": a " + std::to_string(g_.k) + " x " + std::to_string(g_.k) +
+                        " window has more elements than fit in 64 bits");
   }
   /// "name(k[, stride=s][, padding=p]" (the caller closes it).
   [[nodiscard]] std::string window_text(const char* name) const {
@@ -949,7 +1004,8 @@ class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Poli
   static constexpr const char* layer_name = "adaptive_avg_pool2d";
 
   adaptive_avg_pool2d(index_t out_h, index_t out_w) : ho_(out_h), wo_(out_w) {
-    if (ho_ <= 0 || wo_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive output size");
+    if (ho_ <= 0 || wo_ <= 0 || ho_ == std::numeric_limits<index_t>::max() || wo_ == std::numeric_limits<index_t>::max())
+      throw shape_error("locus: " + describe() + ": needs a positive output size below 2^63 - 1");
   }
   explicit adaptive_avg_pool2d(index_t out) : adaptive_avg_pool2d(out, out) {}
   [[nodiscard]] std::string describe() const {
@@ -994,8 +1050,17 @@ class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Poli
 
  private:
   void check_input(const extents<4>& s) const {
+    detail::check_countable(describe(), "input", s);
     if (s[2] <= 0 || s[3] <= 0)
       throw shape_error("locus: " + describe() + " got an empty input plane " + detail::dims4(s));
+    // the windows' ends ((o + 1) * in + out - 1) / out and the output's element count
+    index_t t = 0;
+    const bool ok = locus::detail::checked_product(t, ho_ + 1, s[2]) && !__builtin_add_overflow(t, ho_, &t) &&
+                    locus::detail::checked_product(t, wo_ + 1, s[3]) && !__builtin_add_overflow(t, wo_, &t) &&
+                    locus::detail::checked_product(t, s[0], s[1], ho_, wo_);
+    if (!ok)
+      throw shape_error("locus: " + describe() + ": the input " + detail::dims4(s) +
+                        " and the output size give more elements or window positions than fit in 64 bits");
   }
   index_t ho_, wo_;
   extents<4> xs_{};

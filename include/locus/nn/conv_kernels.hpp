@@ -32,12 +32,35 @@ struct conv_geometry {
   [[nodiscard]] LOCUS_HOST_DEVICE index_t hw() const noexcept { return ho * wo; }
 };
 
-/// The output extent of a convolution or pooling window along one axis (<= 0: the
-/// window does not fit the padded input).
-constexpr index_t conv_out_extent(index_t in, index_t kernel, index_t stride, index_t pad, index_t dil) noexcept {
-  const index_t span = dil * (kernel - 1) + 1;
-  const index_t room = in + 2 * pad - span;
-  return room < 0 ? 0 : room / stride + 1;
+/// One axis of a convolution or pooling window, in overflow-checked arithmetic: the
+/// padded input in + 2 * pad, the dilated window dil * (kernel - 1) + 1 and the output
+/// extent (padded - span) / stride + 1 (PyTorch's formula; 0 when the window does not
+/// fit). ok is false when one of them does not fit in index_t (the caller raises a
+/// shape_error). Needs in >= 0, kernel >= 1, stride >= 1, pad >= 0, dil >= 1 (checked
+/// when the layer is built). Once ok, every index the kernels form (oh * stride - pad +
+/// ky * dil and the like) lies within [-pad, padded) and cannot overflow.
+struct window_axis {
+  index_t padded = 0, span = 0, out = 0;
+  bool ok = false;
+};
+inline window_axis window_extent(index_t in, index_t kernel, index_t stride, index_t pad, index_t dil) noexcept {
+  window_axis a;
+  index_t two_pad = 0, reach = 0;
+  if (__builtin_mul_overflow(pad, index_t{2}, &two_pad) || __builtin_add_overflow(in, two_pad, &a.padded) ||
+      __builtin_mul_overflow(dil, kernel - 1, &reach) || __builtin_add_overflow(reach, index_t{1}, &a.span))
+    return a;
+  a.out = a.padded < a.span ? 0 : (a.padded - a.span) / stride + 1;
+  a.ok = true;
+  return a;
+}
+
+/// a * b * ... for non-negative factors; false when the product does not fit in index_t.
+template <class... I>
+inline bool checked_product(index_t& out, index_t first, I... rest) noexcept {
+  out = first;
+  bool overflow = false;
+  ((overflow = overflow || __builtin_mul_overflow(out, static_cast<index_t>(rest), &out)), ...);
+  return !overflow;
 }
 
 /// The sums of a(j) and b(j) over j in [0, n) in eight interleaved partial sums, added
@@ -170,7 +193,7 @@ struct pool_geometry {
   /// The output rows (or columns) whose window holds input row i: [first, last].
   LOCUS_HOST_DEVICE void windows_of(index_t i, index_t out, index_t& first, index_t& last) const noexcept {
     const index_t lo = i + pad - k + 1;  // oh * stride >= lo
-    first = lo <= 0 ? 0 : (lo + stride - 1) / stride;
+    first = lo <= 0 ? 0 : (lo - 1) / stride + 1;  // ceil(lo / stride), no lo + stride to overflow
     last = (i + pad) / stride;
     if (last > out - 1) last = out - 1;
   }

@@ -628,7 +628,9 @@ struct mse_kernel {
     const A d = static_cast<A>(load(x[i])) - static_cast<A>(load(t[i]));
     d2[i] = d * d;
     if (gx) {
-      const A s = factor * (scale ? static_cast<A>(*scale) : A(1)) * A(2) / static_cast<A>(count);
+      // / count before * 2: the same bits (* 2 is exact), and no overflow at a loss scale
+      // above half the largest float (the grad scaler grows it up to 2^127)
+      const A s = factor * (scale ? static_cast<A>(*scale) : A(1)) / static_cast<A>(count) * A(2);
       gx[i] = store<T>(d * s);
     }
   }
@@ -753,23 +755,46 @@ struct guard_end_kernel {
   }
 };
 
+/// The smallest scale dynamic loss scaling backs off to: f32's smallest normal value,
+/// 2^-126, whose reciprocal (the unscale factor) is finite.
+LOCUS_HOST_DEVICE constexpr float min_loss_scale() noexcept { return 1.17549435082228750797e-38f; }
+
+/// The scale and growth tracker after a step: PyTorch's _amp_update_scale_, kept finite.
+/// On overflow the scale backs off and the tracker restarts; after `interval` clean
+/// steps in a row the scale grows and the tracker restarts. As PyTorch's, the scale
+/// grows only to a finite value (an inf scale makes every later gradient inf: every
+/// step would be skipped, and the checkpoint refused). Unlike PyTorch's, it backs off no
+/// lower than min_loss_scale(): PyTorch's reaches 0 after about 140 overflows in a row
+/// from 2^16, and then 1 / scale is inf and every later step is skipped. Every form of
+/// the update (scaler_update_kernel, the fused optimizer step's last()) calls this.
+struct loss_scale_state {
+  float scale, tracker;
+};
+LOCUS_HOST_DEVICE inline loss_scale_state next_loss_scale(float scale, float tracker, bool found_inf, float growth,
+                                                          float backoff, float interval) noexcept {
+  if (found_inf) {
+    const float s = scale * backoff;
+    return {s >= min_loss_scale() ? s : scale, 0.0f};
+  }
+  const float t = tracker + 1.0f;
+  if (t >= interval) {
+    const float s = scale * growth;
+    return {finite(s) ? s : scale, 0.0f};
+  }
+  return {scale, t};
+}
+
 /// After the optimizer step: dynamic loss scaling (back off on overflow, grow after
-/// `interval` clean steps).
+/// `interval` clean steps; next_loss_scale).
 struct scaler_update_kernel {
   step_state* st;
   float growth, backoff;
   float interval;
   LOCUS_HOST_DEVICE void operator()(index_t) const {
-    if (st->found_inf) {
-      st->scale *= backoff;
-      st->growth_tracker = 0.0f;
-    } else {
-      st->growth_tracker += 1.0f;
-      if (st->growth_tracker >= interval) {
-        st->scale *= growth;
-        st->growth_tracker = 0.0f;
-      }
-    }
+    const loss_scale_state n =
+        next_loss_scale(st->scale, st->growth_tracker, st->found_inf != 0, growth, backoff, interval);
+    st->scale = n.scale;
+    st->growth_tracker = n.tracker;
     st->found_inf = 0;
   }
 };

@@ -59,19 +59,98 @@ LOCUS_HOST_DEVICE inline T from_double(double v) {
   else return T(static_cast<float>(v));
 }
 
-/// dst[i] = lo + (hi - lo) * U(seed, i)
+/// The bits of the IEEE formats a random draw lands in (f32, f64, f16, bf16).
+template <class T>
+struct ieee_bits;
+template <>
+struct ieee_bits<float> {
+  using U = std::uint32_t;
+  LOCUS_HOST_DEVICE static constexpr U get(float x) noexcept { return f32_to_bits(x); }
+  LOCUS_HOST_DEVICE static constexpr float make(U u) noexcept { return f32_from_bits(u); }
+};
+template <>
+struct ieee_bits<double> {
+  using U = std::uint64_t;
+  LOCUS_HOST_DEVICE static constexpr U get(double x) noexcept { return f64_to_bits(x); }
+  LOCUS_HOST_DEVICE static constexpr double make(U u) noexcept { return __builtin_bit_cast(double, u); }
+};
+template <class H>
+  requires is_half_v<H>
+struct ieee_bits<H> {
+  using U = std::uint16_t;
+  LOCUS_HOST_DEVICE static constexpr U get(H x) noexcept { return x.bits; }
+  LOCUS_HOST_DEVICE static constexpr H make(U u) noexcept { return H::from_bits(u); }
+};
+
+/// The neighbour of a finite x one unit in the last place up or down (from +-0: the
+/// smallest subnormal of that sign), by stepping the bits: the same on every device,
+/// and no nextafter for f16 / bf16 needed.
+template <class T>
+LOCUS_HOST_DEVICE constexpr T ulp_step(T x, bool up) noexcept {
+  using B = ieee_bits<T>;
+  using U = typename B::U;
+  constexpr U sign = static_cast<U>(U{1} << (sizeof(U) * 8 - 1));
+  const U b = B::get(x);
+  if (static_cast<U>(b & static_cast<U>(~sign)) == 0) return B::make(up ? U{1} : static_cast<U>(sign | U{1}));
+  const bool negative = (b & sign) != 0;
+  return B::make(negative == up ? static_cast<U>(b - 1) : static_cast<U>(b + 1));
+}
+
+/// v rounded to T (to nearest), for T a floating dtype.
+template <class T>
+LOCUS_HOST_DEVICE constexpr T round_to(double v) noexcept {
+  if constexpr (std::is_same_v<T, double>) return v;
+  else if constexpr (std::is_same_v<T, float>) return static_cast<float>(v);
+  else return T(v);
+}
+/// The smallest value of T at or above lo and the largest below hi (lo, hi inside T's
+/// finite range): the ends a draw of [lo, hi) may take once rounded to T.
+template <class T>
+LOCUS_HOST_DEVICE constexpr double smallest_at_least(double lo) noexcept {
+  T t = round_to<T>(lo);
+  if (static_cast<double>(t) < lo) t = ulp_step(t, true);
+  return static_cast<double>(t);
+}
+template <class T>
+LOCUS_HOST_DEVICE constexpr double largest_below(double hi) noexcept {
+  T t = round_to<T>(hi);
+  if (static_cast<double>(t) >= hi) t = ulp_step(t, false);
+  return static_cast<double>(t);
+}
+/// The largest finite value of T.
+template <class T>
+constexpr double finite_max() noexcept {
+  if constexpr (std::is_same_v<T, double>) return 1.7976931348623157e308;
+  else if constexpr (std::is_same_v<T, float>) return 3.4028234663852886e38;
+  else return static_cast<double>(T::from_bits(std::is_same_v<T, f16> ? 0x7bffu : 0x7f7fu));
+}
+
+/// The largest |z| normal_fill's Box-Muller can give: sqrt(-2 ln 2^-53) (u1 >= 2^-53,
+/// |cos| <= 1), rounded up. randn's bounds check uses it, so every draw is finite.
+inline constexpr double normal_z_max = 8.5717;
+
+/// dst[i] = lo + (hi - lo) * U(seed, i), computed in f64 (f64) or f32 (the others),
+/// then rounded to T and kept inside [first, last]: the smallest and largest values of
+/// T in [lo, hi), computed by the caller (rand), so a draw that rounds up to hi (or
+/// below lo) becomes the nearest value inside the range, on every device.
 template <class T>
 struct uniform_fill {
   T* dst;
   std::uint64_t seed;
   double lo, hi;
+  double first, last;
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     const philox_out r = philox4x32(seed, static_cast<std::uint64_t>(i));
     if constexpr (std::is_same_v<T, double>) {
-      dst[i] = ::fma(hi - lo, uniform_double(r.v[0], r.v[1]), lo);  // explicit: no contraction differences
+      const double v = ::fma(hi - lo, uniform_double(r.v[0], r.v[1]), lo);  // explicit: no contraction differences
+      dst[i] = v < first ? first : v > last ? last : v;
     } else {
       const float u = uniform_float(r.v[0]);
-      const float v = ::fmaf(static_cast<float>(hi - lo), u, static_cast<float>(lo));
+      float v = ::fmaf(static_cast<float>(hi - lo), u, static_cast<float>(lo));
+      // first and last are values of T, exact in f32: rounding a v between them to T
+      // stays between them (rounding is monotone)
+      const float f = static_cast<float>(first), l = static_cast<float>(last);
+      v = v < f ? f : v > l ? l : v;
       if constexpr (std::is_same_v<T, float>) dst[i] = v;
       else dst[i] = T(v);
     }

@@ -221,18 +221,11 @@ struct update_pass {
   }
   LOCUS_HOST_DEVICE void last() const {
     using locus::detail::fresh;
-    if (scaler) {  // scaler_update_kernel's arithmetic
-      if (fresh(&st->found_inf)) {
-        st->scale = fresh(&st->scale) * backoff;
-        st->growth_tracker = 0.0f;
-      } else {
-        float gt = fresh(&st->growth_tracker) + 1.0f;
-        if (gt >= interval) {
-          st->scale = fresh(&st->scale) * growth;
-          gt = 0.0f;
-        }
-        st->growth_tracker = gt;
-      }
+    if (scaler) {  // scaler_update_kernel's update: the scale stays finite and positive
+      const locus::detail::loss_scale_state n = locus::detail::next_loss_scale(
+          fresh(&st->scale), fresh(&st->growth_tracker), fresh(&st->found_inf) != 0, growth, backoff, interval);
+      st->scale = n.scale;
+      st->growth_tracker = n.tracker;
       st->found_inf = 0;
     } else if (!fresh(&st->sticky)) {
       st->found_inf = 0;  // ready for the next step's check (check_begin_kernel's work)

@@ -14,6 +14,8 @@
 #include <iterator>
 #include <span>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../backend/launch.hpp"
 #include "../ops/math.hpp"
@@ -123,6 +125,68 @@ void check_fill_value(V value) {
   }
 }
 
+/// The message of a refused random range or distribution: one cold function for every
+/// dtype (what it names: the call, the values, the rule and the fix).
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_random_args(const char* call, std::string_view dtype,
+                                                                  double a, double b, const char* a_name,
+                                                                  const char* b_name, const char* why) {
+  throw_value_error("locus: %s<%.*s>(%s = %s, %s = %s): %s", call, static_cast<int>(dtype.size()), dtype.data(),
+                    a_name, number_chars(a).s, b_name, number_chars(b).s, why);
+}
+
+/// rand's range for dtype T: finite bounds, lo < hi, both within T's finite range, a
+/// width hi - lo finite in the type the draw is computed in (f64 for f64, f32 for the
+/// others; PyTorch's uniform_ refuses an overflowing width too) and at least one value of
+/// T inside [lo, hi). Returns the smallest and largest such values (uniform_fill keeps
+/// every draw between them: an f16 or bf16 draw rounded up to hi would leave the range).
+template <class T>
+std::pair<double, double> uniform_bounds(double lo, double hi) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const auto fail = [&](const char* why) { throw_random_args("rand", dtype_name<T>, lo, hi, "lo", "hi", why); };
+  if (!std::isfinite(lo) || !std::isfinite(hi)) fail("the bounds must be finite numbers");
+  if (!(lo < hi))
+    fail("the range is [lo, hi) and needs lo < hi (PyTorch: uniform_ expects to return a [from, to) range)");
+  const double top = finite_max<T>();
+  if (lo < -top || hi > top) {
+    const std::string why = "[lo, hi) reaches beyond the finite values of " + std::string(dtype_name<T>) + " (" +
+                            number_string(-top) + " to " + number_string(top) + "); draw a wider dtype and cast";
+    fail(why.c_str());
+  }
+  if (!std::isfinite(static_cast<C>(hi - lo))) {
+    const std::string why = "the width hi - lo overflows " +
+                            std::string(std::is_same_v<C, double> ? "f64" : "f32") +
+                            ", the type the draw is computed in (lo + (hi - lo) * u would be inf); draw over a "
+                            "narrower range, e.g. [lo / 2, hi / 2) and scale by 2";
+    fail(why.c_str());
+  }
+  const double first = smallest_at_least<T>(lo), last = largest_below<T>(hi);
+  if (!(first <= last)) {
+    const std::string why = "no " + std::string(dtype_name<T>) + " value lies in [lo, hi); widen the range";
+    fail(why.c_str());
+  }
+  return {first, last};
+}
+
+/// randn's distribution for dtype T: a finite mean, a finite std >= 0 (PyTorch: normal
+/// expects std >= 0.0), and every draw mean + std * z finite in T (|z| <= normal_z_max,
+/// the largest the generator gives).
+template <class T>
+void check_normal_args(double mean, double stddev) {
+  const auto fail = [&](const char* why) {
+    throw_random_args("randn", dtype_name<T>, mean, stddev, "mean", "std", why);
+  };
+  if (!std::isfinite(mean) || !std::isfinite(stddev)) fail("mean and std must be finite numbers");
+  if (!(stddev >= 0.0)) fail("std must be >= 0 (PyTorch: normal expects std >= 0.0)");
+  const double reach = std::fabs(mean) + stddev * normal_z_max;
+  if (!(reach <= finite_max<T>())) {
+    const std::string why = "draws reach |mean| + std * " + number_string(normal_z_max) + " = " +
+                            number_string(reach) + " (the generator's largest |z|), beyond the finite values of " +
+                            std::string(dtype_name<T>) + " (up to " + number_string(finite_max<T>()) +
+                            "); draw a wider dtype, or a smaller std";
+    fail(why.c_str());
+  }
+}
+
 /// The factories take any T and D, so that a wrong one is reported by tensor's own
 /// static_assert (a locus: message) rather than as a list of candidates; their bodies
 /// run only for valid ones, so that message comes alone.
@@ -220,27 +284,41 @@ tensor<T, D, 1> arange(index_t n) {
 }
 
 /// Uniform values in [lo, hi). Element i depends only on (seed, i): the same seed
-/// gives the same tensor on every device.
+/// gives the same tensor on every device. Every value lies in [lo, hi) after rounding
+/// to T (a draw that would round to hi takes the largest value of T below it). Bounds
+/// that are not finite, lo >= hi, a range beyond T's finite values, a width hi - lo
+/// that overflows the draw's type (f32 for f32/f16/bf16, f64 for f64), or a range
+/// holding no value of T are a value_error, raised before anything is allocated.
 template <class T, class D, std::size_t R>
 tensor<T, D, R> rand(const extents<R>& shape, std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
-  tensor<T, D, R> t(shape);
-  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>())
-    detail::launch_n<D>(t.numel(), detail::uniform_fill<T>{t.data_handle(), seed, lo, hi});
-  return t;
+  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>()) {
+    const auto [first, last] = detail::uniform_bounds<std::remove_cv_t<T>>(lo, hi);
+    tensor<T, D, R> t(shape);
+    detail::launch_n<D>(t.numel(), detail::uniform_fill<T>{t.data_handle(), seed, lo, hi, first, last});
+    return t;
+  } else {
+    return tensor<T, D, R>(shape);
+  }
 }
 template <class T, class D, std::size_t R>
 tensor<T, D, R> rand(const index_t (&shape)[R], std::uint64_t seed, double lo = 0.0, double hi = 1.0) {
   return rand<T, D>(detail::to_extents(shape), seed, lo, hi);
 }
 
-/// Normal values N(mean, stddev^2); element i depends only on (seed, i).
+/// Normal values N(mean, stddev^2); element i depends only on (seed, i). A mean or std
+/// that is not finite, std < 0, or draws that could overflow T (|mean| + 8.5717 * std,
+/// the generator's largest |z|, beyond T's finite values) are a value_error.
 template <class T, class D, std::size_t R>
 tensor<T, D, R> randn(const extents<R>& shape, std::uint64_t seed, double mean = 0.0,
                       double stddev = 1.0) {
-  tensor<T, D, R> t(shape);
-  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>())
+  if constexpr (detail::factory_args_ok<T, D> && detail::require_floating_dtype<T>()) {
+    detail::check_normal_args<std::remove_cv_t<T>>(mean, stddev);
+    tensor<T, D, R> t(shape);
     detail::launch_n<D>(t.numel(), detail::normal_fill<T>{t.data_handle(), seed, mean, stddev});
-  return t;
+    return t;
+  } else {
+    return tensor<T, D, R>(shape);
+  }
 }
 template <class T, class D, std::size_t R>
 tensor<T, D, R> randn(const index_t (&shape)[R], std::uint64_t seed, double mean = 0.0,
@@ -275,19 +353,52 @@ concept HostContainer = requires(const C& c) {
   { std::size(c) } -> std::convertible_to<std::size_t>;
 };
 template <class C>
-using container_value_t = std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>;
+struct container_value {
+  using type = void;
+};
+template <HostContainer C>
+struct container_value<C> {
+  using type = std::remove_cvref_t<decltype(*std::data(std::declval<const C&>()))>;
+};
+template <class C>
+using container_value_t = typename container_value<C>::type;
+
+template <class C>
+inline constexpr bool is_vector_of_bool = false;
+template <class A>
+inline constexpr bool is_vector_of_bool<std::vector<bool, A>> = true;
+
+/// from_host's argument: one static_assert that names what was passed and the fix,
+/// instead of a page of candidates (the container overloads take anything, so a wrong
+/// argument lands here). std::vector<bool> is bit-packed: it has no data() to copy from.
+template <class Range>
+constexpr bool check_host_container() {
+  static_assert(!is_vector_of_bool<Range>,
+                "locus: from_host got a std::vector<bool>, which is bit-packed and has no data() to copy from; "
+                "copy it into a contiguous container first: a std::vector<std::uint8_t> (then "
+                "locus::cast<bool>), a std::array<bool, N>, or a bool array passed as std::span<const bool>");
+  static_assert(is_vector_of_bool<Range> || HostContainer<Range>,
+                "locus: from_host takes host data with contiguous storage (std::vector, std::array, std::span, a "
+                "C array), but the argument has no data() and size(); copy it into a std::vector of a locus "
+                "dtype first");
+  return HostContainer<Range>;
+}
 }  // namespace detail
 
-/// Any contiguous container (std::vector, std::array, ...).
-template <class D, detail::HostContainer Range, std::size_t R>
-auto from_host(const Range& data, const index_t (&shape)[R]) {
-  return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
-                      detail::to_extents(shape));
-}
-template <class D, detail::HostContainer Range, std::size_t R>
+/// Any contiguous container (std::vector, std::array, ...) of a locus dtype. A
+/// std::vector<bool>, a container without contiguous storage, or elements of another
+/// type are a compile error naming the fix (tensor's own message for the element type).
+template <class D, class Range, std::size_t R>
 auto from_host(const Range& data, const extents<R>& shape) {
-  return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)),
-                      shape);
+  if constexpr (detail::check_host_container<Range>()) {
+    return from_host<D>(std::span<const detail::container_value_t<Range>>(std::data(data), std::size(data)), shape);
+  } else {
+    return tensor<float, D, R>(shape);  // not reached: the static_assert above has failed
+  }
+}
+template <class D, class Range, std::size_t R>
+auto from_host(const Range& data, const index_t (&shape)[R]) {
+  return from_host<D>(data, detail::to_extents(shape));
 }
 
 }  // namespace locus
