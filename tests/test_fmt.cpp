@@ -68,7 +68,12 @@ TEST_CASE("fmt: fill, alignment and width apply to the tensor's whole text") {
   CHECK(fmt::format("{:-^100}", a.view()) == std::string(pad / 2, '-') + plain + std::string(pad - pad / 2, '-'));
   CHECK(fmt::format("{:>5}", a) == plain);  // narrower than the text: the text
   CHECK(fmt::format("[{}|{}]", a, a.slice(0, 1)) == "[" + plain + "|" + via_stream(a.slice(0, 1)) + "]");
-  // a width from an argument is not a tensor spec; a precision would cut the text: refused
+  // a width from an argument, as for a string (test_hostile_api.cpp: the widths refused)
+  CHECK(fmt::format("{:>{}}", a, 100) == std::string(pad, ' ') + plain);
+  CHECK(fmt::format("{1:*<{0}}", 100, a) == plain + std::string(pad, '*'));
+  CHECK(fmt::format("{:-^{w}}", a, fmt::arg("w", 100)) == std::string(pad / 2, '-') + plain + std::string(pad - pad / 2, '-'));
+  CHECK(fmt::format("{:\u00e9>{}}", a, plain.size() + 2) == "\u00e9\u00e9" + plain);  // a fill of two UTF-8 bytes
+  // a precision would cut the text: refused
   CHECK_THROWS_AS((void)fmt::format(fmt::runtime("{:.12}"), a), fmt::format_error);
   CHECK_THROWS_AS((void)fmt::format(fmt::runtime("{:>10x}"), a), fmt::format_error);
   CHECK(fmt::format(fmt::runtime("{:x>110}"), a) == std::string(110 - plain.size(), 'x') + plain);

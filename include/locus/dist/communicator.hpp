@@ -425,6 +425,24 @@ constexpr bool require_writable_destination(const char* /*what*/) {
   }
 }
 
+// Prevents: a gather whose output cannot hold the ranks' inputs side by side (and, for
+// rank-0 inputs, a message about a rank mismatch that is not the reason).
+template <std::size_t RI, std::size_t RO>
+constexpr bool require_gather_ranks() {
+  if constexpr (RI == 0 && RO != 1) {
+    static_assert(RI != 0 || RO == 1, "locus: all_gather of rank-0 (scalar) tensors gathers them into a 1-D tensor "
+                                      "of world_size elements; gather into auto out = locus::zeros<T, D>({comm.world_size()})");
+    return false;
+  } else if constexpr (RI != 0 && RI != RO) {
+    static_assert(RI == 0 || RI == RO, "locus: all_gather's output has another rank than its input; the output "
+                                       "stacks the ranks' inputs along the first axis: same rank, first extent "
+                                       "world_size times larger");
+    return false;
+  } else {
+    return true;
+  }
+}
+
 // Prevents: MPI_SUM over a dtype MPI cannot add (bf16, f16, bool, bytes).
 template <class T, bool Nccl>
 constexpr bool require_reducible() {
@@ -458,6 +476,18 @@ class communicator {
  public:
   using device = D;
 
+  // Prevents: communicator<cpu> c(dist::environment{}): the environment (MPI's lifetime,
+  // the watchdog every collective reports to) would end with the statement.
+  template <class E>
+    requires(std::is_same_v<std::remove_cvref_t<E>, environment> && !std::is_lvalue_reference_v<E>)
+  explicit communicator(E&&) {
+    static_assert(locus::detail::always_false<E>,
+                  "locus: communicator got a temporary environment, which ends with this statement (MPI would be "
+                  "finalised) while the communicator keeps using it; name it first: locus::dist::environment "
+                  "env(argc, argv); locus::dist::communicator<D> comm(env);");
+  }
+
+  /// env is kept by address: it must outlive the communicator.
   explicit communicator(const environment& env) : env_(&env), rank_(env.rank()), size_(env.world_size()) {
 #if LOCUS_DIST_MPI
     if (env.uses_mpi()) {
@@ -541,22 +571,26 @@ class communicator {
 
   /// out = the ranks' `in` one after the other (rank order) along the first axis: out's
   /// first extent is world_size times in's, the other extents equal (shape_error
-  /// otherwise). Every rank's `in` must have the same shape.
+  /// otherwise). Every rank's `in` must have the same shape. Rank-0 (scalar) inputs
+  /// gather into a 1-D output of world_size elements (PyTorch's all_gather_into_tensor).
   template <class In, class Out>
     requires(TensorLike<In> && TensorLike<Out>)
   void all_gather(const In& in, Out&& out) {
     using ti = locus::detail::tensor_traits<std::remove_cvref_t<In>>;
     using to_ = locus::detail::tensor_traits<std::remove_cvref_t<Out>>;
-    static_assert(std::is_same_v<typename ti::value_type, typename to_::value_type>,
+    static_assert(std::is_same_v<std::remove_const_t<typename ti::value_type>, std::remove_const_t<typename to_::value_type>>,
                   "locus: all_gather's input and output have different dtypes; gather into a tensor of the input's dtype");
-    static_assert(ti::rank == to_::rank && ti::rank >= 1,
-                  "locus: all_gather's output has another rank than its input; the output stacks the ranks' inputs "
-                  "along the first axis: same rank, first extent world_size times larger");
-    if constexpr (detail::require_communicator_device<D, typename ti::device>() &&
+    if constexpr (detail::require_gather_ranks<ti::rank, to_::rank>() &&
+                  detail::require_communicator_device<D, typename ti::device>() &&
                   detail::require_communicator_device<D, typename to_::device>() &&
                   detail::require_writable_destination<Out>("all_gather")) {
-      using T = typename ti::value_type;
-      const auto iv = locus::detail::as_view(in);
+      using T = std::remove_const_t<typename ti::value_type>;
+      const auto given = locus::detail::as_view(in);
+      // a scalar is gathered as one element; its shape stays [] in the messages
+      const auto iv = [&] {
+        if constexpr (ti::rank == 0) return given.reshape(extents<1>{1});
+        else return given;
+      }();
       auto ov = locus::detail::as_view(out);
       auto want = iv.shape();
       want[0] *= size_;
@@ -564,7 +598,7 @@ class communicator {
       // every rank learns whether every output fits before any waits in the gather
       if (!(size_ == 1 && !nccl)) agree_on_count("all_gather", static_cast<std::int64_t>(iv.numel()), 0, shape_ok);
       if (!shape_ok)
-        throw shape_error("locus: all_gather of " + locus::detail::shape_string(iv.shape()) + " over " +
+        throw shape_error("locus: all_gather of " + locus::detail::shape_string(given.shape()) + " over " +
                           std::to_string(size_) + " ranks needs an output of " + locus::detail::shape_string(want) +
                           ", got " + locus::detail::shape_string(ov.shape()));
       if (size_ == 1 && !nccl) {
@@ -577,43 +611,28 @@ class communicator {
   }
 
   /// Starts x = the sum (or mean) of x over the ranks without waiting for it: MPI's
-  /// MPI_Iallreduce (NCCL: enqueued on the current stream, as every NCCL call is). x is
-  /// a contiguous 1-D view that must stay alive and untouched until wait(). Ranks start
-  /// the same reductions in the same order.
-  template <class T>
-  void all_reduce_start(const tensor_view<T, D, 1>& x, reduce_op op = reduce_op::sum) {
-    static_assert(!std::is_const_v<T>, "locus: all_reduce_start writes into its view, and this one is of const "
-                                       "elements; pass a mutable tensor_view");
-    static_assert(std::is_const_v<T> || detail::require_reducible<T, nccl>());
-    if ((size_ == 1 && !nccl) || x.numel() == 0) return;
-    if (!x.is_contiguous()) throw value_error("locus: all_reduce_start needs a contiguous view");
-    const auto n = static_cast<std::size_t>(x.numel());
-    if constexpr (nccl) {
-      reduce_raw(x.data_handle(), n, op);
-    } else {
-#if LOCUS_DIST_MPI
-      if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-        throw value_error("locus: all_reduce_start of more than 2^31 - 1 elements");
-      MPI_Request r;
-      detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x.data_handle(), static_cast<int>(n), detail::mpi_type<T>::get(),
-                                       MPI_SUM, comm_, &r),
-                        "MPI_Iallreduce");
-      pending_.push_back(r);
-      if (op == reduce_op::average) {
-        T* p = x.data_handle();
-        const int world = size_;
-        finish_.push_back([p, n, world] {
-          if constexpr (std::is_floating_point_v<T>) {
-            const T inv = T(1) / static_cast<T>(world);
-            for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
-          } else {
-            for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(world);
-          }
-        });
-      }
-#endif
+  /// MPI_Iallreduce (NCCL: enqueued on the current stream, as every NCCL call is). x, a
+  /// contiguous tensor or view of any rank (a scalar too), must stay alive and untouched
+  /// until wait(). Ranks start the same reductions in the same order.
+  template <class X>
+    requires TensorLike<X>
+  void all_reduce_start(X&& x, reduce_op op = reduce_op::sum) {
+    using t = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
+    using T = typename t::value_type;
+    if constexpr (detail::require_communicator_device<D, typename t::device>() &&
+                  detail::require_writable_destination<X>("all_reduce_start") &&
+                  detail::require_reducible<T, nccl>()) {
+      const auto v = locus::detail::as_view(x);
+      if (v.numel() == 0) return;
+      // checked in a world of one too, so that a program fails the same way on any count
+      if (!v.is_contiguous())
+        throw value_error("locus: all_reduce_start needs a contiguous tensor or view (MPI reduces it in place while "
+                          "the caller goes on); reduce a strided view with all_reduce, or a clone() of it");
+      if (size_ == 1 && !nccl) return;
+      start_reduce(v.data_handle(), static_cast<std::size_t>(v.numel()), op);
     }
   }
+
   /// Lets started reductions move on (MPI progresses them only inside its calls).
   void progress() {
 #if LOCUS_DIST_MPI
@@ -628,6 +647,7 @@ class communicator {
   /// Completes every reduction all_reduce_start began (apply = false: without their
   /// averaging, when the result is dropped anyway).
   void wait(bool apply = true) {
+    (void)apply;  // NCCL, and a build without MPI, have nothing pending here
 #if LOCUS_DIST_MPI
     if constexpr (!nccl) {
       if (pending_.empty()) return;
@@ -727,6 +747,35 @@ class communicator {
   }
 
   template <class T>
+  void start_reduce(T* p, std::size_t n, reduce_op op) {
+    if constexpr (nccl) {
+      reduce_raw(p, n, op);
+    } else {
+#if LOCUS_DIST_MPI
+      if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw value_error("locus: all_reduce_start of more than 2^31 - 1 elements");
+      MPI_Request r;
+      detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(n), detail::mpi_type<T>::get(), MPI_SUM, comm_, &r),
+                        "MPI_Iallreduce");
+      pending_.push_back(r);
+      if (op == reduce_op::average) {
+        const int world = size_;
+        finish_.push_back([p, n, world] {
+          if constexpr (std::is_floating_point_v<T>) {
+            const T inv = T(1) / static_cast<T>(world);
+            for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
+          } else {
+            for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(world);
+          }
+        });
+      }
+#else
+      (void)p, (void)n, (void)op;  // a world of one: never reached
+#endif
+    }
+  }
+
+  template <class T>
   void reduce_raw(T* p, std::size_t n, reduce_op op) {
     if constexpr (nccl) {
 #if LOCUS_DIST_NCCL
@@ -805,7 +854,7 @@ class communicator {
 
   static constexpr std::size_t chunk = std::size_t{1} << 30;  // elements (or bytes) per MPI call
 
-  const environment* env_;
+  const environment* env_ = nullptr;
   int rank_ = 0, size_ = 1;
 #if LOCUS_DIST_MPI
   MPI_Comm comm_ = MPI_COMM_NULL;

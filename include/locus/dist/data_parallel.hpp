@@ -13,6 +13,7 @@
 //   for (int e = 0; e < epochs; ++e) dp.train_epoch(train, {.epoch = e});
 //   auto m = dp.evaluate(test);                   // loss and accuracy over all ranks
 //   dp.save_checkpoint(path, e);                  // rank 0 writes, every rank waits
+//                                                 // (needs nlohmann-json: LOCUS_HAS_JSON)
 //
 // How it keeps ranks equal:
 //   - at construction the master weights of rank 0 are broadcast (and the compute copy
@@ -36,8 +37,11 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "../train.hpp"
 #include "communicator.hpp"
@@ -52,38 +56,160 @@ struct data_parallel_options {
   std::size_t bucket_bytes = 0;
 };
 
+namespace detail {
+
+template <class D>
+inline constexpr bool is_communicator_v = false;
+template <class D>
+inline constexpr bool is_communicator_v<communicator<D>> = true;
+
+// Prevents: gradients of one device handed to a communicator of another (MPI reading
+// device pointers, NCCL reading host memory). TD: the trainer's device, CD: the
+// communicator's.
+template <class TD, class CD>
+constexpr bool require_dp_same_device() {
+  if constexpr (std::is_same_v<TD, CD>) {
+    return true;
+  } else if constexpr (std::is_same_v<TD, cpu> && std::is_same_v<CD, cuda>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<cuda> (NCCL) for a trainer on cpu; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::cpu> comm(env) and pass it");
+    return false;
+  } else if constexpr (std::is_same_v<TD, cpu> && std::is_same_v<CD, pinned>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<pinned> for a trainer on cpu; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::cpu> comm(env) and pass it");
+    return false;
+  } else if constexpr (std::is_same_v<TD, pinned> && std::is_same_v<CD, cpu>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<cpu> for a trainer on pinned; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::pinned> comm(env) and pass it");
+    return false;
+  } else if constexpr (std::is_same_v<TD, pinned> && std::is_same_v<CD, cuda>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<cuda> (NCCL) for a trainer on pinned; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::pinned> comm(env) and pass it");
+    return false;
+  } else if constexpr (std::is_same_v<TD, cuda> && std::is_same_v<CD, cpu>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<cpu> (MPI) for a trainer on cuda; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::cuda> comm(env) (NCCL) and pass it");
+    return false;
+  } else if constexpr (std::is_same_v<TD, cuda> && std::is_same_v<CD, pinned>) {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel got a communicator<pinned> (MPI) for a trainer on cuda; the gradients it reduces live on the trainer's device: make a locus::dist::communicator<locus::cuda> comm(env) (NCCL) and pass it");
+    return false;
+  } else {
+    static_assert(::locus::detail::always_false<TD>, "locus: data_parallel's communicator and trainer are on different devices; make the communicator of the trainer's device");
+    return false;
+  }
+}
+
+/// What data_parallel needs of its trainer: a device, a gradient view, and the gradient
+/// sync hook (locus::train::trainer has them).
+template <class T>
+concept gradient_syncing_trainer = requires(T& t) {
+  typename T::device;
+  typename T::gradient_view;
+  t.set_gradient_sync(std::function<void(typename T::gradient_view)>{});
+  t.model().parameters();
+};
+
+/// The trainer's types, or stand-ins after the static_assert below (so that one message,
+/// not a page, says what is wrong).
+template <class T>
+struct dp_trainer_types {
+  using device = cpu;
+  using gradient_view = tensor_view<float, cpu, 1>;
+};
+template <gradient_syncing_trainer T>
+struct dp_trainer_types<T> {
+  using device = typename T::device;
+  using gradient_view = typename T::gradient_view;
+};
+
+template <class T>
+constexpr bool require_trainer() {
+  static_assert(gradient_syncing_trainer<T>,
+                "locus: data_parallel wraps a locus::train::trainer, and its second argument is not one (a model or "
+                "an optimizer?); make the trainer first: locus::train::trainer t(model, opt, loss); "
+                "locus::dist::data_parallel dp(comm, t)");
+  return gradient_syncing_trainer<T>;
+}
+
+/// data_parallel's communicator argument, checked: a named communicator of device D (it
+/// is kept by address and used at every step). nullptr only after a static_assert.
+template <class D, class Comm>
+communicator<D>* dp_communicator(Comm&& comm) {
+  using C = std::remove_cvref_t<Comm>;
+  if constexpr (!is_communicator_v<C>) {
+    static_assert(::locus::detail::always_false<C>, "locus: data_parallel's first argument is not a communicator; pass a locus::dist::communicator<D> of the trainer's device: locus::dist::communicator<D> comm(env); locus::dist::data_parallel dp(comm, trainer)");
+    return nullptr;
+  } else if constexpr (!require_dp_same_device<D, typename C::device>()) {
+    return nullptr;
+  } else if constexpr (!std::is_lvalue_reference_v<Comm>) {
+    static_assert(::locus::detail::always_false<C>, "locus: data_parallel's communicator is a temporary, destroyed at the end of the statement while data_parallel keeps using it; name it first: locus::dist::communicator<D> comm(env); locus::dist::data_parallel dp(comm, trainer)");
+    return nullptr;
+  } else if constexpr (std::is_const_v<std::remove_reference_t<Comm>>) {
+    static_assert(::locus::detail::always_false<C>, "locus: data_parallel's communicator is const, and its collectives change it (pending reductions); pass a mutable communicator");
+    return nullptr;
+  } else {
+    return &comm;
+  }
+}
+
+/// data_parallel's trainer argument, checked: a named, mutable trainer (data_parallel
+/// installs its gradient sync into it and keeps it by address).
+template <class Trainer, class T2>
+Trainer* dp_trainer(T2&& t) {
+  if constexpr (!std::is_lvalue_reference_v<T2>) {
+    static_assert(::locus::detail::always_false<T2>, "locus: data_parallel's trainer is a temporary, destroyed at the end of the statement while data_parallel keeps using it (its gradient sync points into it); name it first: locus::train::trainer t(model, opt, loss); locus::dist::data_parallel dp(comm, t)");
+    return nullptr;
+  } else if constexpr (std::is_const_v<std::remove_reference_t<T2>>) {
+    static_assert(::locus::detail::always_false<T2>, "locus: data_parallel's trainer is const, and data_parallel installs its gradient sync into it and trains it; pass a mutable trainer");
+    return nullptr;
+  } else {
+    return &t;
+  }
+}
+
+}  // namespace detail
+
 template <class Trainer>
 class data_parallel {
+  static constexpr bool is_trainer = detail::require_trainer<Trainer>();
+  using gradient_view = typename detail::dp_trainer_types<Trainer>::gradient_view;
   static constexpr bool has_final_hook =
-      requires(Trainer& t) { t.set_gradients_final(std::function<void(typename Trainer::gradient_view, index_t)>{}); };
+      requires(Trainer& t) { t.set_gradients_final(std::function<void(gradient_view, index_t)>{}); };
 
  public:
-  using device = typename Trainer::device;
+  using device = typename detail::dp_trainer_types<Trainer>::device;
 
-  data_parallel(communicator<device>& comm, Trainer& t, const data_parallel_options& o = {})
-      : comm_(&comm), t_(&t), o_(o) {
-    if constexpr (!has_final_hook) {
-      if (o_.bucket_bytes > 0)
-        throw value_error("locus: data_parallel buckets need a model that reports its gradients during backward "
-                          "(nn::sequential does)");
-    }
-    broadcast_parameters();
-    // the hooks last: nothing below throws, so no hook outlives a failed construction
-    t_->set_gradient_sync([this](typename Trainer::gradient_view g) { sync(g); });
-    if constexpr (has_final_hook) {
-      if (o_.bucket_bytes > 0)
-        t_->set_gradients_final([this](typename Trainer::gradient_view g, index_t first) { bucket(g, first); });
+  /// comm and t are kept by address: both must be named objects of the same device that
+  /// outlive the data_parallel (a temporary, a const trainer or a communicator of another
+  /// device is a compile error naming the fix). One constructor template for every
+  /// argument, with its deduction guide below, so that a wrong argument reaches these
+  /// checks instead of failing class template argument deduction.
+  template <class Comm, class T2>
+  data_parallel(Comm&& comm, T2&& t, const data_parallel_options& o = {})
+      : comm_(detail::dp_communicator<device>(std::forward<Comm>(comm))),
+        t_(detail::dp_trainer<Trainer>(std::forward<T2>(t))),
+        o_(o) {
+    if constexpr (is_trainer) {
+      if constexpr (!has_final_hook) {
+        if (o_.bucket_bytes > 0)
+          throw value_error("locus: data_parallel buckets need a model that reports its gradients during backward "
+                            "(nn::sequential does)");
+      }
+      broadcast_parameters();
+      // the hooks last: nothing below throws, so no hook outlives a failed construction
+      t_->set_gradient_sync([this](gradient_view g) { sync(g); });
+      if constexpr (has_final_hook) {
+        if (o_.bucket_bytes > 0)
+          t_->set_gradients_final([this](gradient_view g, index_t first) { bucket(g, first); });
+      }
     }
   }
   ~data_parallel() {
-    t_->set_gradient_sync({});
-    if constexpr (has_final_hook) {
-      if (o_.bucket_bytes > 0) t_->set_gradients_final({});
-    }
-    if (pending_end_ >= 0) {  // buckets still in flight (a step that never finished)
-      try {
-        comm_->wait(false);
-      } catch (...) {
+    if constexpr (is_trainer) {
+      t_->set_gradient_sync({});
+      if constexpr (has_final_hook) {
+        if (o_.bucket_bytes > 0) t_->set_gradients_final({});
+      }
+      if (pending_end_ >= 0) {  // buckets still in flight (a step that never finished)
+        try {
+          comm_->wait(false);
+        } catch (...) {
+        }
       }
     }
   }
@@ -139,6 +265,15 @@ class data_parallel {
   /// error, the others a locus::error saying so) instead of waiting.
   void save_checkpoint(const std::filesystem::path& path, std::int64_t epoch,
                        const std::map<std::string, std::string>& run = {}) {
+#if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
+    // Prevents: every program that includes <locus/dist.hpp> needing nlohmann-json; only
+    // one that saves does.
+    static_assert(locus::detail::always_false<Trainer>,
+                  "locus: data_parallel::save_checkpoint writes a safetensors checkpoint, which needs nlohmann-json, "
+                  "but LOCUS_HAS_JSON is not 1: install nlohmann-json3-dev (Debian) and link locus::dist (CMake finds "
+                  "it as locus::json), or define LOCUS_HAS_JSON=1 with <nlohmann/json.hpp> on the include path");
+    (void)path, (void)epoch, (void)run;
+#else
     std::exception_ptr failed;
     if (comm_->is_root()) {
       try {
@@ -150,6 +285,7 @@ class data_parallel {
     const double ok = comm_->min(failed ? 0.0 : 1.0);  // also the barrier
     if (failed) std::rethrow_exception(failed);
     if (ok == 0.0) throw error("locus: rank 0 could not write the checkpoint " + path.string() + " (its own error says why)");
+#endif
   }
 
   [[nodiscard]] bool is_root() const noexcept { return comm_->is_root(); }
@@ -165,7 +301,7 @@ class data_parallel {
   [[nodiscard]] std::int64_t buckets() const noexcept { return buckets_; }
 
  private:
-  void sync(typename Trainer::gradient_view g) {
+  void sync(gradient_view g) {
     const auto t0 = std::chrono::steady_clock::now();
     if (o_.bucket_bytes == 0) {
       comm_->all_reduce(g, reduce_op::average);
@@ -180,7 +316,7 @@ class data_parallel {
   }
   /// During backward: [first, the end of the last bucket) is final; reduce it once it is
   /// big enough.
-  void bucket(typename Trainer::gradient_view g, index_t first) {
+  void bucket(gradient_view g, index_t first) {
     const auto t0 = std::chrono::steady_clock::now();
     if (first < 0) {  // backward failed: complete what was started, without averaging
       if (pending_end_ >= 0) comm_->wait(false);
@@ -188,7 +324,7 @@ class data_parallel {
       return;
     }
     if (pending_end_ < 0) pending_end_ = g.numel();
-    const auto bytes = static_cast<std::size_t>(pending_end_ - first) * sizeof(typename Trainer::gradient_view::value_type);
+    const auto bytes = static_cast<std::size_t>(pending_end_ - first) * sizeof(typename gradient_view::value_type);
     if (bytes >= o_.bucket_bytes) {
       comm_->all_reduce_start(g.slice(first, pending_end_), reduce_op::average);
       pending_end_ = first;
@@ -217,5 +353,10 @@ class data_parallel {
   std::int64_t syncs_ = 0;
   std::int64_t buckets_ = 0;
 };
+
+// Every data_parallel(comm, t) deduces the trainer's type from t alone, so a communicator
+// of another device, or a temporary, reaches the constructor's locus: checks.
+template <class Comm, class T2>
+data_parallel(Comm&&, T2&&, const data_parallel_options& = {}) -> data_parallel<std::remove_cvref_t<T2>>;
 
 }  // namespace locus::dist

@@ -282,15 +282,30 @@ class raw_stream_guard {
 /// the current one, until the guard goes out of scope; then restores both. Work on
 /// cuda enqueued meanwhile (kernels, memsets, copies, to_async) goes to `s`, and cuda
 /// allocations are tied to `s` by the caching allocator. The stream must outlive the
-/// guard. Not movable: a guard belongs to one scope of one thread. It records no
-/// tensor as used on `s` (see the header: record_stream).
+/// guard (a temporary stream is a compile error). Not movable: a guard belongs to one
+/// scope of one thread. It records no tensor as used on `s` (see the header: record_stream).
 class stream_guard {
  public:
   explicit stream_guard(const stream& s) : guard_(handle_of(s), s.device()) {}
+  // Prevents: stream_guard g(locus::stream{}); (PyTorch's `with
+  // torch.cuda.stream(torch.cuda.Stream()):`): the stream is destroyed at the end of the
+  // statement and the guard would keep its dead handle current, so the next kernel would
+  // go to a freed (or reused) stream. Any rvalue stream, const or not, lands here.
+  template <class S>
+    requires(std::is_same_v<std::remove_cvref_t<S>, stream> && !std::is_lvalue_reference_v<S>)
+  explicit stream_guard(S&&) : guard_(refuse_temporary<S>(), 0) {}
   stream_guard(const stream_guard&) = delete;
   stream_guard& operator=(const stream_guard&) = delete;
 
  private:
+  template <class S>
+  static cudaStream_t refuse_temporary() {
+    static_assert(detail::always_false<S>,
+                  "locus: stream_guard got a temporary stream (or std::move of one), destroyed at the end of this statement "
+                  "while the guard would keep it current; name the stream so that it outlives the guard: "
+                  "locus::stream s; locus::stream_guard g(s);");
+    return nullptr;
+  }
   static cudaStream_t handle_of(const stream& s) {
     if (!s.native_handle()) throw error("locus: stream_guard on a moved-from locus::stream");
     return s.native_handle();
@@ -325,6 +340,17 @@ void record_stream(const X& t, const stream& s) {
     if (!s.native_handle()) throw error("locus: record_stream on a moved-from locus::stream");
     detail::record_on_stream(t, s.native_handle(), s.device());
   }
+}
+// Prevents: record_stream(t, locus::stream{}): the allocator would keep the handle of a
+// stream destroyed at the end of the statement, and at t's free record an event on it
+// (or on whichever stream the runtime hands that handle to next).
+template <class X, class S>
+  requires(std::is_same_v<std::remove_cvref_t<S>, stream> && !std::is_lvalue_reference_v<S>)
+void record_stream(const X&, S&&) {
+  static_assert(detail::always_false<S>,
+                "locus: record_stream got a temporary stream, destroyed at the end of this statement, so the use "
+                "it records would name a dead stream; record on the named stream the work runs on: "
+                "locus::stream s; locus::record_stream(t, s);");
 }
 
 }  // namespace locus
