@@ -4,6 +4,9 @@
 // and (LOCUS_DIST_TEST_FAIL=throw|die|hang, run by tests/dist/expect_failure.cmake) a
 // rank that fails: the job must end with that rank's message, not hang.
 //
+// --solo (no launcher): a world of one, first without MPI, then over MPI (LOCUS_DIST=mpi,
+// a singleton).
+//
 // Every rank runs every test case in the same order (the collectives inside them pair
 // up); main() combines the ranks' results, so a failure on either rank fails the test.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -92,6 +95,57 @@ task make_task(index_t n, std::uint64_t seed) {
   return t;
 }
 
+/// Collectives on rank-0 (scalar) tensors, as PyTorch allows them (all_reduce of a scalar
+/// loss): the values every rank can compute alone, for any world size (2 ranks under
+/// mpirun; one, with and without MPI, in --solo). Returns the number of failed checks
+/// (doctest's CHECKs are not usable outside a test case, so --solo counts its own).
+int scalar_collectives(dist::communicator<cpu>& c) {
+  int bad = 0;
+  auto expect = [&](bool ok, const char* what) {
+    if (!ok) {
+      std::fprintf(stderr, "rank %d: scalar collectives: FAILED: %s\n", c.rank(), what);
+      ++bad;
+    }
+  };
+  const int r = c.rank(), n = c.world_size();
+  const double ranks_sum = n * (n + 1) / 2.0;  // of r + 1 over the ranks
+
+  auto s = locus::full<float, cpu>(locus::extents<0>{}, static_cast<float>(r + 1));
+  c.all_reduce(s);
+  expect(s.item() == static_cast<float>(ranks_sum), "all_reduce (sum) of a scalar");
+  s.view()() = static_cast<float>(r + 1);
+  c.all_reduce(s.view(), dist::reduce_op::average);  // a view of a scalar
+  expect(s.item() == static_cast<float>(ranks_sum / n), "all_reduce (average) of a scalar view");
+  auto i = locus::full<std::int64_t, cpu>(locus::extents<0>{}, std::int64_t{1} << 40);
+  c.all_reduce(i);
+  expect(i.item() == n * (std::int64_t{1} << 40), "all_reduce of an i64 scalar");
+
+  auto b = locus::full<double, cpu>(locus::extents<0>{}, 10.0 * r + 7.0);
+  c.broadcast(b, n - 1);
+  expect(b.item() == 10.0 * (n - 1) + 7.0, "broadcast of a scalar from the last rank");
+
+  // the ranks' scalars side by side, in rank order
+  auto mine = locus::full<float, cpu>(locus::extents<0>{}, static_cast<float>(r + 1));
+  auto all = locus::zeros<float, cpu>({n});
+  c.all_gather(mine, all);
+  for (int k = 0; k < n; ++k) expect(all(k) == static_cast<float>(k + 1), "all_gather of scalars in rank order");
+  auto wrong = locus::zeros<float, cpu>({n + 1});
+  bool threw = false;
+  try {
+    c.all_gather(mine, wrong);
+  } catch (const locus::shape_error&) {
+    threw = true;
+  }
+  expect(threw, "all_gather of scalars into world_size + 1 elements is a shape_error");
+
+  // started and completed later (data_parallel's buckets)
+  auto st = locus::full<float, cpu>(locus::extents<0>{}, static_cast<float>(r + 1));
+  c.all_reduce_start(st, dist::reduce_op::average);
+  c.wait();
+  expect(st.item() == static_cast<float>(ranks_sum / n), "all_reduce_start of a scalar");
+  return bad;
+}
+
 }  // namespace
 
 TEST_CASE("dist: the world is the launcher's (2 ranks), ranks distinct") {
@@ -165,6 +219,22 @@ TEST_CASE("dist: communicator<pinned> reduces, broadcasts and gathers pinned ten
 }
 #endif
 
+TEST_CASE("dist: collectives on rank-0 (scalar) tensors: all_reduce, broadcast, all_gather into [world_size], all_reduce_start") {
+  auto& c = world();
+  CHECK(scalar_collectives(c) == 0);
+  // a scalar on one rank and a vector on the other: different element counts, refused on
+  // both ranks (the same shape_error as any count mismatch), and the next call pairs up
+  auto s = locus::full<float, cpu>(locus::extents<0>{}, 1.0f);
+  auto v = locus::full<float, cpu>({2}, 1.0f);
+  if (c.rank() == 0) CHECK_THROWS_AS(c.all_reduce(s), locus::shape_error);
+  else CHECK_THROWS_AS(c.all_reduce(v), locus::shape_error);
+  // ranks that disagree on the gather's output: every rank throws, none waits
+  auto out = locus::zeros<float, cpu>({c.rank() == 0 ? 2 : 1});
+  CHECK_THROWS_AS(c.all_gather(s, out), locus::shape_error);
+  c.all_reduce(s);
+  CHECK(s.item() == 2.0f);
+}
+
 TEST_CASE("dist: different element counts are a shape_error on every rank, and the next collective still pairs up") {
   auto& c = world();
   auto t = locus::zeros<float, cpu>({c.rank() == 0 ? 4 : 5});
@@ -227,7 +297,8 @@ TEST_CASE("data_parallel: ranks seeded differently start equal and stay bit-iden
   CHECK(bit_identical_across_ranks(std::as_const(model.parameters()).master()));
   const auto a = locus::to<cpu>(std::as_const(model.parameters()).master());
   const auto b = locus::to<cpu>(std::as_const(ref.parameters()).master());
-  const auto a0 = locus::to<cpu>(std::as_const(make_model(1000).parameters()).master());
+  const auto initial = make_model(1000);  // a temporary model's parameters() does not compile
+  const auto a0 = locus::to<cpu>(initial.parameters().master());
   double worst = 0, moved = 0;
   for (index_t i = 0; i < a.numel(); ++i) {
     worst = std::max(worst, std::abs(static_cast<double>(a(i)) - b(i)));
@@ -494,7 +565,7 @@ namespace {
 
 /// Without a launcher: no MPI_Init, a world of one, collectives that change nothing, and
 /// data-parallel training bit for bit the plain trainer's.
-int solo() {
+int solo_without_mpi() {
   int bad = 0;
   auto expect = [&](bool ok, const char* what) {
     if (!ok) {
@@ -518,6 +589,7 @@ int solo() {
   expect(whole(2) == 2.5f, "all_gather copies");
   expect(c.sum(3.0) == 3.0, "sum of one value");
   c.barrier();
+  bad += scalar_collectives(c);
 
   const task data = make_task(64, 1);
   auto a = make_model(2), b = make_model(2);
@@ -534,6 +606,30 @@ int solo() {
   const auto wb = locus::to<cpu>(std::as_const(b.parameters()).master());
   expect(std::memcmp(wa.data_handle(), wb.data_handle(), wa.size_bytes()) == 0,
          "data_parallel on one rank equals the plain trainer bit for bit");
+  return bad;
+}
+
+/// LOCUS_DIST=mpi without a launcher: MPI initialised as a singleton, a world of one over
+/// MPI (the communicator duplicates MPI_COMM_WORLD); the scalar collectives again, the
+/// identity in a world of one as without MPI.
+int solo_over_mpi() {
+  int bad = 0;
+  setenv("LOCUS_DIST", "mpi", 1);
+  {
+    dist::environment env;
+    if (!env.uses_mpi() || env.world_size() != 1) {
+      std::fprintf(stderr, "test_dist --solo: FAILED: LOCUS_DIST=mpi gives a world of one over MPI\n");
+      ++bad;
+    }
+    dist::communicator<cpu> c(env);
+    bad += scalar_collectives(c);
+  }
+  unsetenv("LOCUS_DIST");
+  return bad;
+}
+
+int solo() {
+  const int bad = solo_without_mpi() + solo_over_mpi();
   std::printf("test_dist --solo: %s\n", bad ? "FAILED" : "passed");
   return bad ? 1 : 0;
 }

@@ -1,0 +1,18 @@
+// expect: error: .*locus: data_parallel's communicator is a temporary, .*name it first: locus::dist::communicator<D> comm\(env\); locus::dist::data_parallel dp\(comm, trainer\)
+// Rule: data_parallel keeps its communicator by address: a temporary one would dangle.
+#include <locus/dist.hpp>
+
+using P = locus::amp::fp32;
+
+void f(locus::dist::communicator<locus::cpu>& comm, locus::dist::communicator<locus::cuda>& nccl,
+       locus::dist::communicator<locus::pinned>& pinned) {
+  locus::nn::sequential model(locus::nn::linear<locus::cpu, P>(4, 3));
+  locus::optim::sgd<locus::cpu> opt(model.parameters(), {.lr = 0.1});
+  locus::train::trainer t(model, opt, locus::nn::cross_entropy{});
+  (void)comm, (void)nccl, (void)pinned;
+#ifdef LOCUS_VIOLATION
+  locus::dist::environment env; locus::dist::data_parallel dp(locus::dist::communicator<locus::cpu>(env), t);
+#else
+  locus::dist::data_parallel dp(comm, t);
+#endif
+}
