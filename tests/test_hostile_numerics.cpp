@@ -230,6 +230,33 @@ TEST_CASE("hostile rand: ulp_step and the range ends equal std::nextafter and th
   CHECK(locus::detail::finite_max<locus::bf16>() == 0x1.fep127);
 }
 
+TEST_CASE("hostile init: parameter initialisation draws stay in [lo, hi) after rounding to f32") {
+  // [1 - 2^-23, 1 - 2^-30): f32 holds 1 - 2^-23 and 1 - 2^-24 there; the f64 draws above
+  // 1 - 2^-25 (a quarter of them) round to 1.0, beyond hi, unless kept inside
+  const double lo = 1.0 - 0x1p-23, hi = 1.0 - 0x1p-30;
+  const index_t n = 1 << 16;
+  std::vector<float> w(static_cast<std::size_t>(n));
+  locus::detail::launch_n<D>(n, locus::detail::uniform_init_kernel<float>{w.data(), 7, 1, lo, hi});
+  index_t top = 0, outside = 0;
+  for (const float v : w) {
+    outside += !(static_cast<double>(v) >= lo && static_cast<double>(v) < hi);
+    top += v == 1.0f - 0x1p-24f;
+  }
+  CHECK(outside == 0);
+  CHECK(top > n / 4);
+  // and a layer's weights: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), inside
+  nn::sequential m(nn::conv2d<D, P32>(1, 4, 1), nn::flatten<D, P32>(), nn::linear<D, P32>(4, 3));
+  m.reset_parameters(11);
+  const auto bound = [](double fan_in) { return 1.0 / std::sqrt(fan_in); };
+  for (const auto& e : m.parameters().entries()) {
+    const double b = bound(e.name.rfind("0.", 0) == 0 ? 1.0 : 4.0);
+    for (index_t j = 0; j < e.numel; ++j) {
+      const double v = m.parameters().master().data_handle()[e.offset + j];
+      REQUIRE((v >= -b && v < b));
+    }
+  }
+}
+
 // ---- 2. from_host ------------------------------------------------------------------------
 
 TEST_CASE("hostile from_host: the fixes the vector<bool> message names work") {
@@ -404,6 +431,14 @@ TEST_CASE("hostile conv2d and pooling: output shapes equal PyTorch's formula in 
   CHECK_THROWS_AS((void)c.output_shape({imax, 1, imax, 8}), locus::shape_error);
   nn::max_pool2d<D, P32> mp(2);
   CHECK_THROWS_AS((void)mp.output_shape({0, 1, index_t{1} << 40, index_t{1} << 40}), locus::shape_error);
+  nn::flatten<D, P32> fl;
+  CHECK_THROWS_AS((void)fl.output_shape({1, index_t{1} << 40, index_t{1} << 40, 2}), locus::shape_error);
+  CHECK(fl.output_shape({3, index_t{1} << 20, index_t{1} << 20, 4}) == std::vector<index_t>{3, index_t{1} << 42});
+  locus::tensor<float, D, 4> none(extents<4>{0, index_t{1} << 31, index_t{1} << 31, 4});  // empty, c * h * w = 2^64
+  CHECK_THROWS_AS((void)fl.infer(std::as_const(none).view()), locus::shape_error);
+  CHECK_THROWS_AS((void)fl.forward(std::as_const(none).view()), locus::shape_error);
+  nn::batch_norm2d<D, P32> bn(2);
+  CHECK_THROWS_AS((void)bn.output_shape({imax, 2, 2, 2}), locus::shape_error);
   nn::adaptive_avg_pool2d<D, P32> ap(index_t{1} << 20);
   CHECK_THROWS_AS((void)ap.output_shape({1, 1, index_t{1} << 50, 2}), locus::shape_error);  // window ends overflow
   CHECK(ap.output_shape({1, 1, 4, 2}) == std::vector<index_t>{1, 1, index_t{1} << 20, index_t{1} << 20});

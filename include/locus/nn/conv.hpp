@@ -1089,11 +1089,13 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
   [[nodiscard]] index_t parameter_count() const noexcept { return 0; }
   [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
     detail::check_rank4(describe(), in);
+    detail::check_countable(describe(), "input", extents<4>{in[0], in[1], in[2], in[3]});
     return {in[0], in[1] * in[2] * in[3]};
   }
 
   tensor_view<const C, D, 2> forward(const view& x) {
     if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
+    detail::check_countable(describe(), "input", x.shape());  // an empty batch of huge images too
     xs_ = x.shape();
     const tensor_view<const C, D, 2> y = x.reshape(extents<2>{xs_[0], xs_[1] * xs_[2] * xs_[3]});
     this->run_pre(y);
@@ -1108,6 +1110,7 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
   }
   tensor<C, D, 2> infer(const view& x) const {
     if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
+    detail::check_countable(describe(), "input", x.shape());
     tensor<C, D, 2> y(extents<2>{x.shape()[0], x.shape()[1] * x.shape()[2] * x.shape()[3]});
     const auto rows = x.reshape(y.shape());
     this->run_pre(rows);
@@ -1170,6 +1173,7 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
     detail::check_rank4(describe(), in);
     detail::check_channels(describe(), c_, extents<4>{in[0], in[1], in[2], in[3]});
+    detail::check_countable(describe(), "input", extents<4>{in[0], in[1], in[2], in[3]});
     return in;
   }
   [[nodiscard]] index_t parameter_count() const noexcept { return o_.affine ? 2 * c_ : 0; }

@@ -141,7 +141,9 @@ struct cast_kernel {
   LOCUS_HOST_DEVICE void operator()(index_t i) const { dst[i] = store<T>(load(src[i])); }
 };
 
-/// dst[i] = U(lo, hi) from Philox (seed, i, stream): parameter initialisation.
+/// dst[i] = U(lo, hi) from Philox (seed, i, stream): parameter initialisation. The f64
+/// draw rounded to M stays in [lo, hi) (as rand's: a draw rounded up to hi takes the
+/// largest M below it), decided on the device in the rare case that needs it.
 template <class M>
 struct uniform_init_kernel {
   M* dst;
@@ -149,7 +151,9 @@ struct uniform_init_kernel {
   double lo, hi;
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     const philox_out r = philox4x32(seed, static_cast<std::uint64_t>(i), stream);
-    dst[i] = static_cast<M>(::fma(hi - lo, uniform_double(r.v[0], r.v[1]), lo));  // explicit: nvcc would contract, g++ not
+    const M v = static_cast<M>(::fma(hi - lo, uniform_double(r.v[0], r.v[1]), lo));  // explicit: nvcc would contract, g++ not
+    const double d = static_cast<double>(v);
+    dst[i] = d >= hi ? static_cast<M>(largest_below<M>(hi)) : d < lo ? static_cast<M>(smallest_at_least<M>(lo)) : v;
   }
 };
 
