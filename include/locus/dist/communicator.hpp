@@ -283,7 +283,8 @@ class environment {
     if (size_ > 1) watchdog_ = std::make_unique<detail::watchdog>(timeout_, rank_);
   }
 
-  bool owns_ = false, mpi_ = false;
+  [[maybe_unused]] bool owns_ = false;  // read only where MPI is built in
+  bool mpi_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   double timeout_ = 600.0;
   std::unique_ptr<detail::watchdog> watchdog_;
