@@ -762,6 +762,9 @@ TEST_CASE("hostile transforms: normalize with another channel count than the ima
   const std::string m = message_of([&] { (void)data::images(rows, 3, 4, 4); });
   CHECK(m == "locus: data::normalize has 2 means and stds (one per channel), but the loader's samples are 3 x 4 x 4 "
              "images (48 floats) with 3 channels; give 3 values (or one for every channel)");
+  int batches = 0;  // the refused images() changed nothing: the loader still runs
+  for (auto& b : rows) batches += b.x.shape()[0] == 4;
+  CHECK(batches == 2);
   CHECK_NOTHROW((void)data::images(rows, 2, 4, 6));  // 2 channels of 4 x 6: consistent
   // a crop or flip in the same compose declares the shape: refused by the loader itself,
   // in either order
