@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <locus/locus.hpp>
+#include <locus/train.hpp>
 
 namespace {
 using locus::index_t;
@@ -99,4 +100,25 @@ TEST_CASE("two GPUs: tensors know their GPU, mixes are refused, to_device and pe
   locus::copy(g0, dst1);
   const auto hd = locus::to<locus::cpu>(dst1);
   for (index_t i = 0; i < h.numel(); ++i) CHECK(hd.data()[i] == h.data()[i]);
+}
+
+TEST_CASE("a trainer on cuda refuses a batch of another GPU before it changes anything") {
+  namespace nn = locus::nn;
+  using D = locus::cuda;
+  using P = locus::amp::fp32;
+  nn::sequential model(nn::linear<D, P>(6, 8), nn::relu<D, P>(), nn::linear<D, P>(8, 3));
+  locus::optim::adamw<D> opt(model.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(model, opt, nn::cross_entropy{});
+  auto x = locus::randn<float, D>({4, 6}, 3);
+  const std::vector<std::int64_t> labels{0, 1, 2, 0};
+  auto y = locus::from_host<D>(labels, {4});
+  const int other = locus::current_device() + 1;
+  const auto before = locus::to<locus::cpu>(model.parameters().master());
+  const auto xv = locus::detail::raw_view<D>(x.data_handle(), x.shape(), other);
+  expect_device_error([&] { t.step(xv, y); }, locus::current_device(), other);
+  CHECK(t.optimizer_steps() == 0);
+  const auto after = locus::to<locus::cpu>(model.parameters().master());
+  for (index_t i = 0; i < before.numel(); ++i) CHECK(after(i) == before(i));
+  t.step(x, y);  // the same batch on the model's GPU trains
+  CHECK(t.optimizer_steps() == 1);
 }

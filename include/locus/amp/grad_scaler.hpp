@@ -81,6 +81,8 @@ class grad_scaler {
   }
 
   [[nodiscard]] const grad_scaler_options& options() const noexcept { return o_; }
+  /// The GPU its state lives on (the one current when it was built); -1 on host devices.
+  [[nodiscard]] int device_index() const noexcept { return state_.device_index(); }
   /// The current scale (reads the state back from D).
   [[nodiscard]] float scale() const { return read().scale; }
   /// Clean steps since the scale last changed.

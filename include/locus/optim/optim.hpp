@@ -384,6 +384,8 @@ class optimizer_base {
   /// The elements and master weights of the store it was built from (for messages).
   [[nodiscard]] index_t bound_size() const noexcept { return params_.n; }
   [[nodiscard]] const void* bound_data() const noexcept { return params_.p; }
+  /// The GPU its state lives on (the one current when it was built); -1 on host devices.
+  [[nodiscard]] int device_index() const noexcept { return steps_.device_index(); }
 
  protected:
   template <Device MD, class Policy>

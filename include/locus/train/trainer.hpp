@@ -354,6 +354,7 @@ class trainer {
   void step(const X& x, const Y& y) {
     if constexpr (!check_batch<X, Y>()) return;
     check_bound(true);
+    check_gpu("trainer::step", x, y);
 #if LOCUS_HAS_CUDA
     if constexpr (std::is_same_v<device, cuda>) {
       if (o_.cuda_graph) return graph_step(x, y);
@@ -509,6 +510,7 @@ class trainer {
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(-1);  // not a training batch
     for (auto& b : batches) {
+      check_gpu("trainer::evaluate", b.x, b.y);
       auto xv = input(b.x);
       auto yv = target(b.y);
       const tensor<C, device, 2> out = model_->infer(xv);
@@ -617,6 +619,37 @@ class trainer {
     }
   }
 
+  /// One GPU (cuda): the model, its optimizer and scaler live on one GPU, which is
+  /// current when the trainer is built and at every step, and so does every batch; a
+  /// device_error naming both GPUs before anything changes otherwise. (Host devices:
+  /// nothing to check, compiled away.)
+  void check_gpu_parts() const {
+    if constexpr (std::is_same_v<typename device::allocator, locus::detail::cuda_allocator_kind>) {
+      const int m = model_->parameters().master().device_index();
+      const auto part = [&](const char* what, int g) {
+        if (g >= 0 && m >= 0 && g != m)
+          throw device_error(locus::detail::format("locus: the trainer's model lives on GPU %d but its %s on GPU %d; "
+                                                   "build the optimizer, the scaler and the trainer while the "
+                                                   "model's GPU is current (locus::device_guard g(%d);)",
+                                                   m, what, g, m),
+                             m, g);
+      };
+      part("optimizer", opt_->device_index());
+      if constexpr (has_scaler) {
+        if constexpr (requires { scaler_->device_index(); }) part("grad scaler", scaler_->device_index());
+      }
+      locus::detail::check_same_gpu<device>("the trainer (its model)", model_->parameters().master());
+    }
+  }
+  template <class X, class Y>
+  void check_gpu(const char* what, const X& x, const Y& y) const {
+    if constexpr (std::is_same_v<typename device::allocator, locus::detail::cuda_allocator_kind>) {
+      locus::detail::check_same_gpu<device>(what, model_->parameters().master(), x, y);
+    } else {
+      (void)what, (void)x, (void)y;
+    }
+  }
+
   /// The optimizer updates this trainer's model: at construction (another model's
   /// optimizer), and before every step (the model was assigned over or moved from after
   /// the trainer was built, which frees or replaces the buffers the optimizer writes).
@@ -670,6 +703,7 @@ class trainer {
     // every step while this one never trains (and the other trains on this one's
     // gradients): refused here, before any step.
     check_bound(false);
+    check_gpu_parts();
     if (o_.cuda_graph) {
       // The unfused step takes the learning rate (adamw, sgd) and the guard's step
       // numbers as kernel arguments: a graph would bake in those of the captured step and
