@@ -21,6 +21,14 @@
 // is handed out that reading as its dtype would make undefined (BOOL is 0 or 1). Keep
 // the archive in a variable while its views live: get() and flat() of a temporary do
 // not compile. Needs nlohmann-json (Debian: nlohmann-json3-dev; CMake target locus::json).
+//
+// Integrity: every file locus writes carries the CRC32C of each tensor's bytes in its
+// __metadata__, as "locus.crc32c.<tensor name>": "<8 lowercase hex digits>" (metadata
+// is strings to strings, so the Python package and PyTorch read the file as before).
+// load() verifies each one after reading and before anything is handed out: a mismatch
+// is an io_error naming the file and the tensor. A file with no such keys (written by
+// another program) loads unverified; one with a malformed key, a key for a tensor the
+// file does not hold, or checksums for some tensors and not others is corrupt.
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
@@ -50,12 +58,35 @@
 
 #include "../core/error.hpp"
 #include "../ops/expr.hpp"
+#include "crc32c.hpp"
 #include "../tensor/tensor.hpp"
 #include "../transfer/copy.hpp"
 
 namespace locus::io {
 
+/// The __metadata__ key prefix of a tensor's CRC32C (see the header comment).
+inline constexpr std::string_view checksum_key_prefix = "locus.crc32c.";
+
 namespace detail {
+inline std::string crc_hex(std::uint32_t c) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", c);
+  return buf;
+}
+/// 8 lowercase hex digits, as crc_hex writes them; false for anything else.
+inline bool parse_crc_hex(const std::string& s, std::uint32_t& out) noexcept {
+  if (s.size() != 8) return false;
+  std::uint32_t v = 0;
+  for (char ch : s) {
+    unsigned d;
+    if (ch >= '0' && ch <= '9') d = static_cast<unsigned>(ch - '0');
+    else if (ch >= 'a' && ch <= 'f') d = static_cast<unsigned>(ch - 'a' + 10);
+    else return false;
+    v = v << 4 | d;
+  }
+  out = v;
+  return true;
+}
 template <class T>
 constexpr const char* st_dtype() {
   using U = std::remove_cv_t<T>;
@@ -135,8 +166,15 @@ class writer {
     if (h.size_bytes()) std::memcpy(it.data.data(), h.data_handle(), h.size_bytes());
     items_[name] = std::move(it);
   }
-  /// A string in the header's __metadata__.
-  void metadata(const std::string& key, const std::string& value) { meta_[key] = value; }
+  /// A string in the header's __metadata__. Keys beginning "locus.crc32c." are the
+  /// tensors' checksums, which save() writes itself: a value_error.
+  void metadata(const std::string& key, const std::string& value) {
+    if (key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) == 0)
+      throw ::locus::value_error("locus: metadata key '" + key + "' is reserved: keys beginning '" +
+                                 std::string(checksum_key_prefix) +
+                                 "' hold the tensors' checksums, which save() writes; choose another key");
+    meta_[key] = value;
+  }
 
   /// Writes the file atomically: a temporary file in the same directory, flushed to
   /// disk, then renamed over `path`, and the directory flushed so that the rename is
@@ -146,7 +184,10 @@ class writer {
   void save(const std::filesystem::path& path) const {
     remove_stale_temporaries(path);
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!meta_.empty()) header["__metadata__"] = meta_;
+    std::map<std::string, std::string> meta = meta_;
+    for (const auto& [name, it] : items_)
+      meta[std::string(checksum_key_prefix) + name] = detail::crc_hex(crc32c(it.data.data(), it.data.size()));
+    if (!meta.empty()) header["__metadata__"] = meta;
     std::size_t offset = 0;
     for (const auto& [name, it] : items_) {
       header[name] = {{"dtype", it.dtype}, {"shape", it.shape}, {"data_offsets", {offset, offset + it.data.size()}}};
@@ -401,6 +442,9 @@ class archive {
   }
   [[nodiscard]] const std::string& path() const& noexcept { return path_; }
   [[nodiscard]] std::string path() const&& { return path_; }
+  /// How many tensors load() verified against their CRC32C (0: the file has no
+  /// checksums, e.g. another program wrote it).
+  [[nodiscard]] std::size_t verified_tensors() const noexcept { return verified_; }
 
   /// Tensor `name` as a flat view on D, whatever its rank; io_error if it has another dtype.
   template <class T>
@@ -463,6 +507,7 @@ class archive {
   std::map<std::string, tensor_info> entries_;
   std::map<std::string, std::string> meta_;
   tensor<std::uint8_t, D, 1> data_;
+  std::size_t verified_ = 0;
 };
 
 /// Reads a safetensors file and places its tensors on D (map_location as a type).
@@ -682,6 +727,35 @@ archive<D> load(const std::filesystem::path& path) {
   if (!f.at_end())
     throw corrupt("bytes follow the " + std::to_string(data_size) +
                   "-byte data section its tensors cover; expected the file to end with its last tensor");
+  // Checksums (see the header comment): every one verified before anything is handed out.
+  {
+    std::size_t checked = 0;
+    for (const auto& [key, value] : a.meta_) {
+      if (key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) != 0) continue;
+      const std::string tname = key.substr(checksum_key_prefix.size());
+      auto e = a.entries_.find(tname);
+      if (e == a.entries_.end())
+        throw corrupt("its metadata holds a checksum for a tensor '" + detail::printable(tname) +
+                      "' that the file does not hold");
+      std::uint32_t stored = 0;
+      if (!detail::parse_crc_hex(value, stored))
+        throw corrupt("the checksum of tensor '" + detail::printable(tname) + "' is '" + detail::printable(value) +
+                      "', not 8 lowercase hex digits");
+      const std::uint32_t computed = crc32c(host.data_handle() + e->second.offset, e->second.bytes);
+      if (computed != stored)
+        throw corrupt("tensor '" + detail::printable(tname) + "' does not match its CRC32C checksum (stored " + value +
+                      ", computed " + detail::crc_hex(computed) +
+                      "): its bytes changed after locus wrote them (a disk, copy or memory error); use another "
+                      "copy of the file or an earlier checkpoint");
+      ++checked;
+    }
+    if (checked != 0 && checked != a.entries_.size())
+      for (const auto& [name, e] : a.entries_)
+        if (!a.meta_.count(std::string(checksum_key_prefix) + name))
+          throw corrupt("tensor '" + detail::printable(name) + "' has no checksum although " + std::to_string(checked) +
+                        " of its other tensors have one (a tensor added or renamed after locus wrote the file?)");
+    a.verified_ = checked;
+  }
   // A bool is 0 or 1: reading any other byte as a bool is undefined behaviour.
   for (const span& s : spans) {
     if (s.info->dtype != "BOOL") continue;
