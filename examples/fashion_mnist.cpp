@@ -132,6 +132,74 @@ config parse(int argc, char** argv) {
 
 std::string bytes(std::size_t b) { return locus::out_of_memory::format_bytes(b); }
 
+/// The checkpoints of `dir` newest first: last.safetensors, then epoch-N.safetensors by
+/// decreasing N.
+std::vector<std::filesystem::path> checkpoints_newest_first(const std::filesystem::path& dir) {
+  std::vector<std::pair<long long, std::filesystem::path>> epochs;
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "last.safetensors", ec)) out.push_back(dir / "last.safetensors");
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string pre = "epoch-", post = ".safetensors";
+    if (name.size() <= pre.size() + post.size() || name.compare(0, pre.size(), pre) != 0 ||
+        name.compare(name.size() - post.size(), post.size(), post) != 0)
+      continue;
+    const std::string digits = name.substr(pre.size(), name.size() - pre.size() - post.size());
+    if (digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    epochs.emplace_back(std::stoll(digits), it->path());
+  }
+  std::sort(epochs.begin(), epochs.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (auto& [n, path] : epochs) out.push_back(std::move(path));
+  return out;
+}
+
+/// The newest checkpoint of `dir` other than `skip` that loads (every tensor matches its
+/// checksum, the file is whole), loaded; nothing when none does.
+template <class D>
+std::optional<std::pair<std::string, locus::io::archive<D>>> newest_good_checkpoint(const std::filesystem::path& dir,
+                                                                                     const std::string& skip) {
+  for (const auto& p : checkpoints_newest_first(dir)) {
+    std::error_code ec;
+    if (!skip.empty() && std::filesystem::equivalent(p, skip, ec)) continue;
+    try {
+      auto a = locus::io::load<D>(p);
+      return std::pair<std::string, locus::io::archive<D>>{p.string(), std::move(a)};
+    } catch (const locus::io_error&) {
+      // corrupt or unreadable too: try the next older one
+    }
+  }
+  return std::nullopt;
+}
+
+/// The archive --resume names: FILE, last.safetensors of --checkpoint-dir, or with
+/// --resume newest-good the newest checkpoint there that loads. A corrupt FILE is an
+/// io_error that names the newest good checkpoint and how to resume from it.
+template <class D>
+locus::io::archive<D> open_resume(const config& c, std::string& file) {
+  namespace fs = std::filesystem;
+  if (c.resume_file == "newest-good") {
+    if (c.checkpoint_dir.empty()) usage("--resume newest-good needs --checkpoint-dir (the directory to look in)");
+    auto found = newest_good_checkpoint<D>(c.checkpoint_dir, "");
+    if (!found)
+      throw locus::io_error("locus: --resume newest-good: no checkpoint in '" + c.checkpoint_dir +
+                            "' loads (none there, or every one is corrupt); start a new run without --resume");
+    file = found->first;
+    std::printf("--resume newest-good: %s\n", file.c_str());
+    return std::move(found->second);
+  }
+  try {
+    return locus::io::load<D>(file);
+  } catch (const locus::io_error& e) {
+    const fs::path dir = !c.checkpoint_dir.empty() ? fs::path(c.checkpoint_dir) : fs::path(file).parent_path();
+    const auto found = newest_good_checkpoint<D>(dir.empty() ? fs::path(".") : dir, file);
+    if (!found) throw;
+    throw locus::io_error(std::string(e.what()) + "\nthe newest good checkpoint is " + found->first +
+                          ": resume from it with --resume " + found->first +
+                          (c.checkpoint_dir.empty() ? std::string() : std::string(" (or --resume newest-good)")));
+  }
+}
+
 /// The main job's CNN for 1 x rows x cols images: two 3x3 convolutions (32 and 64
 /// channels, same padding) each with batch norm, relu and 2x2 max pooling, then a
 /// 128-wide hidden layer with dropout and the classes.
@@ -338,7 +406,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       // Read once, onto the model's device. The run's options that shape training must be
       // the first run's: the cosine schedule spans --epochs steps of --batch-size x
       // --accumulate, and the checkpoint's learning rate and seed win over new ones.
-      const auto archive = locus::io::load<D>(file);
+      const auto archive = open_resume<D>(c, file);
       const auto saved = locus::train::run_options(archive);
       std::string diff;
       for (const auto& [k, v] : run_info)

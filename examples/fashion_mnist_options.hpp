@@ -137,7 +137,9 @@ inline config parse_options(int argc, const char* const* argv) {
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write last.safetensors and epoch-N.safetensors here");
   auto* resume = app.add_option("--resume", c.resume_file,
                                 "resume from FILE (default: last.safetensors in --checkpoint-dir), with the "
-                                "first run's options")
+                                "first run's options; 'newest-good': the newest checkpoint in --checkpoint-dir "
+                                "that loads (a corrupt file, one whose tensors do not match their checksums, is "
+                                "skipped)")
                      ->expected(0, 1);
   auto* log_option = app.add_option("--log", c.log, "append each epoch's figures to this CSV file");
   app.add_option("--plot", c.plot,

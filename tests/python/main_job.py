@@ -16,6 +16,8 @@ the trainer on the CPU and checks what a user relies on:
   * 3 epochs with --checkpoint-dir; resuming from the epoch-2 checkpoint prints the
     same epoch 3 (to the printed digits) as the run without a stop, and the CSV continues;
   * --resume (last.safetensors) with --epochs already reached evaluates and trains nothing;
+  * a last.safetensors with one exponent bit flipped is refused naming the tensor and the
+    newest good checkpoint (epoch-3), and --resume newest-good resumes from that one;
   * --accumulate 2 and --precision bf16 train (finite loss, accuracy above chance);
     --clip-grad-norm 0.05 and --clip-grad-value 0.001 train too, differently from the
     unclipped run; a negative bound, or both clippings at once, is refused naming the option;
@@ -32,10 +34,12 @@ The dataset comes from LOCUS_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mn
 """
 import csv
 import gzip
+import json
 import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import zlib
@@ -285,6 +289,31 @@ def main():
         fail("resume with --epochs reached should train nothing:\n" + out)
     if final_accuracy(out) != a[2]["test_accuracy"]:
         fail(f"last.safetensors evaluates to {final_accuracy(out)}, the run said {a[2]['test_accuracy']}")
+
+    # A corrupt last checkpoint (one exponent bit of a weight flipped, as a disk error
+    # would): --resume refuses it naming the tensor and the newest good checkpoint, and
+    # --resume newest-good resumes from that one (epoch-3, a copy of the same state).
+    last = os.path.join(ck, "last.safetensors")
+    with open(last, "rb") as f:
+        good_last = f.read()
+    (hlen,) = struct.unpack("<Q", good_last[:8])
+    header = json.loads(good_last[8:8 + hlen])
+    begin = header["0.weight"]["data_offsets"][0]
+    at = 8 + hlen + begin + 3  # the high byte of the first f32: sign and exponent bits
+    with open(last, "wb") as f:
+        f.write(good_last[:at] + bytes([good_last[at] ^ 0x40]) + good_last[at + 1:])
+    _, err = run(binary, *common, "--epochs", "3", "--checkpoint-dir", ck, "--resume", expect=1)
+    if "tensor '0.weight' does not match its CRC32C checksum" not in err:
+        fail("--resume of a corrupt last.safetensors should name the tensor:\n" + err)
+    if not re.search(r"the newest good checkpoint is .*epoch-3\.safetensors: resume from it with --resume", err):
+        fail("--resume of a corrupt last.safetensors should name epoch-3.safetensors:\n" + err)
+    out, _ = run(binary, *common, "--epochs", "3", "--checkpoint-dir", ck, "--resume", "newest-good")
+    if not re.search(r"^--resume newest-good: .*epoch-3\.safetensors$", out, re.M) or "nothing to train" not in out:
+        fail("--resume newest-good should take epoch-3.safetensors:\n" + out)
+    if final_accuracy(out) != a[2]["test_accuracy"]:
+        fail(f"epoch-3.safetensors evaluates to {final_accuracy(out)}, the run said {a[2]['test_accuracy']}")
+    with open(last, "wb") as f:
+        f.write(good_last)
 
     # Accumulation and bf16.
     out, _ = run(binary, *common, "--epochs", "3", "--accumulate", "2", "--precision", "bf16")
