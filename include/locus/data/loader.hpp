@@ -264,7 +264,7 @@ class loader {
 #endif
   }
   /// Held by reference: a temporary dataset would dangle.
-  loader(const Source&&, loader_options = {}) = delete;
+  loader(const Source&&, loader_options = {}) = delete;  // locus: a loader over a temporary dataset would read freed memory: keep the dataset in a variable (auto ds = ...; locus::data::loader<D> l(ds, o);)
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
   ~loader() { stop(); }
@@ -692,6 +692,6 @@ image_loader<Loader> images(Loader& l, index_t channels, index_t height, index_t
 }
 /// Held by reference: a temporary loader would dangle.
 template <class Loader>
-void images(Loader&&, index_t, index_t, index_t) = delete;
+void images(Loader&&, index_t, index_t, index_t) = delete;  // locus: images() of a temporary loader would dangle: keep the loader in a variable and pass it
 
 }  // namespace locus::data

@@ -320,6 +320,19 @@ concept scaler_or_none = std::is_same_v<S, no_scaler> || requires(S& s) {
   s.state();
 };
 
+#define LOCUS_TRAINER_TEMPORARY_MESSAGE                                                           \
+  "locus: a trainer keeps pointers to its model, optimizer and scaler, but one of them is a "     \
+  "temporary, destroyed at the end of the statement; keep each in a variable first: auto model " \
+  "= ...; locus::optim::adamw<D> opt(model.parameters()); locus::train::trainer t(model, opt, loss)"
+
+namespace detail {
+template <class M, class X>
+constexpr auto& refuse_temporary(X& x) {
+  static_assert(locus::detail::always_false<M>, LOCUS_TRAINER_TEMPORARY_MESSAGE);
+  return x;
+}
+}  // namespace detail
+
 template <class Model, class Optimizer, class Loss, scaler_or_none Scaler = no_scaler>
 class trainer {
   static_assert(detail::check_trainer<Model, Optimizer, Scaler>());
@@ -347,6 +360,20 @@ class trainer {
       : model_(&model), opt_(&opt), loss_(loss), scaler_(&scaler), o_(std::move(o)) {
     init();
   }
+  // Prevents: a trainer over a temporary model, optimizer or scaler. It keeps pointers to
+  // them, so each would be destroyed at the end of the statement and every step would
+  // write freed memory. (An ordinary deleted overload would say "no matching
+  // constructor" or "deduction failed" instead of the reason.)
+  // (The message comes from refuse_temporary's deduced return type, instantiated at the
+  // call, before anything else about these constructors is looked at.)
+  template <class M, class O>
+    requires(!std::is_lvalue_reference_v<M> || !std::is_lvalue_reference_v<O>)
+  trainer(M&& m, O&& opt, Loss loss = {}, options o = {})
+      : trainer(detail::refuse_temporary<M>(m), opt, loss, std::move(o)) {}
+  template <class M, class O, class S>
+    requires(!std::is_lvalue_reference_v<M> || !std::is_lvalue_reference_v<O> || !std::is_lvalue_reference_v<S>)
+  trainer(M&& m, O&& opt, Loss loss, S&& scaler, options o = {})
+      : trainer(detail::refuse_temporary<M>(m), opt, loss, scaler, std::move(o)) {}
 
   /// One micro-batch: x [B, features] (f32 or the policy's compute dtype), y the loss's
   /// target (i64 labels [B] for cross_entropy), both on the model's device.
@@ -1356,6 +1383,18 @@ class trainer {
 
 template <class Model, class Optimizer, class Loss>
 trainer(Model&, Optimizer&, Loss, options = {}) -> trainer<Model, Optimizer, Loss, no_scaler>;
+// Temporaries deduce the trainer they meant, whose constructor then says why not.
+template <class Model, class Optimizer, class Loss>
+  requires(!std::is_lvalue_reference_v<Model> || !std::is_lvalue_reference_v<Optimizer>)
+trainer(Model&&, Optimizer&&, Loss, options = {})
+    -> trainer<std::remove_cvref_t<Model>, std::remove_cvref_t<Optimizer>, Loss, no_scaler>;
+template <class Model, class Optimizer, class Loss, class Scaler>
+  requires(!std::is_same_v<std::remove_cvref_t<Scaler>, no_scaler> &&
+           !std::is_same_v<std::remove_cvref_t<Scaler>, options> &&
+           (!std::is_lvalue_reference_v<Model> || !std::is_lvalue_reference_v<Optimizer> ||
+            !std::is_lvalue_reference_v<Scaler>))
+trainer(Model&&, Optimizer&&, Loss, Scaler&&, options = {})
+    -> trainer<std::remove_cvref_t<Model>, std::remove_cvref_t<Optimizer>, Loss, std::remove_cvref_t<Scaler>>;
 template <class Model, class Optimizer, class Loss, scaler_or_none Scaler>
   requires(!std::is_same_v<Scaler, no_scaler>)
 trainer(Model&, Optimizer&, Loss, Scaler&, options = {}) -> trainer<Model, Optimizer, Loss, Scaler>;
