@@ -991,3 +991,93 @@ TEST_CASE("capture: an allocation on a capturing stream outside any pool throws,
   r.capturing_streams.clear();
   a.deallocate(a.allocate(4096));
 }
+
+// ---- per GPU (issue 29): the mock's current_gpu stands for the GPU ------------------------
+
+TEST_CASE("per GPU: allocations, reservations, peaks and counts are kept per GPU and add up to the totals") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  r.current_gpu = 0;
+  void* p0 = a.allocate(4000);        // class 4096, a new 2 MiB segment on GPU 0
+  void* q0 = a.allocate(3u << 20);    // 3 MiB: a new 20 MiB segment on GPU 0
+  r.current_gpu = 1;
+  void* p1 = a.allocate(100000);      // class 100352 (512-byte rounding), a 2 MiB segment on GPU 1
+  const auto s0 = a.stats(0), s1 = a.stats(1), all = a.stats();
+  CHECK(s0.allocated_bytes == 4096 + (3u << 20));
+  CHECK(s0.reserved_bytes == (2u << 20) + (20u << 20));
+  CHECK(s0.allocations == 2);
+  CHECK(s0.system_allocations == 2);
+  CHECK(s1.allocated_bytes == a.block_size(p1));
+  CHECK(s1.reserved_bytes == (2u << 20));
+  CHECK(s1.allocations == 1);
+  CHECK(all.allocated_bytes == s0.allocated_bytes + s1.allocated_bytes);
+  CHECK(all.reserved_bytes == s0.reserved_bytes + s1.reserved_bytes);
+  CHECK(all.allocations == 3);
+  CHECK(a.stats(5).allocated_bytes == 0);  // a GPU that never allocated
+  // peaks per GPU
+  a.deallocate(q0);
+  CHECK(a.stats(0).allocated_bytes == 4096);
+  CHECK(a.stats(0).peak_allocated_bytes == 4096 + (3u << 20));
+  a.reset_peak(0);
+  CHECK(a.stats(0).peak_allocated_bytes == 4096);
+  CHECK(a.stats(1).peak_allocated_bytes == a.block_size(p1));
+  a.deallocate(p0);
+  a.deallocate(p1);
+  CHECK(a.stats(0).allocated_bytes == 0);
+  CHECK(a.stats(1).allocated_bytes == 0);
+  CHECK(r.errors == 0);
+}
+
+TEST_CASE("per GPU: empty_cache of one GPU returns only its segments") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  r.current_gpu = 0;
+  a.deallocate(a.allocate(4096));
+  r.current_gpu = 1;
+  a.deallocate(a.allocate(4096));
+  a.deallocate(a.allocate(3u << 20));
+  REQUIRE(r.segments.size() == 3);
+  const int frees_before = r.raw_frees;
+  a.empty_cache(1);
+  CHECK(r.raw_frees == frees_before + 2);  // GPU 1's 2 MiB and 20 MiB segments
+  CHECK(a.stats(1).reserved_bytes == 0);
+  CHECK(a.stats(0).reserved_bytes == (2u << 20));  // GPU 0 keeps its cache
+  a.empty_cache(0);
+  CHECK(a.stats().reserved_bytes == 0);
+  CHECK(r.segments.empty());
+}
+
+TEST_CASE("per GPU: a limit on one GPU refuses there, with that GPU's numbers, and nowhere else") {
+  stream_alloc a;
+  auto& r = a.resource();
+  r.current = A;
+  a.set_limit(std::size_t{4} << 20, 1);  // GPU 1: 4 MiB
+  r.current_gpu = 1;
+  void* p1 = a.allocate(1u << 20);  // a 2 MiB segment
+  try {
+    (void)a.allocate(3u << 20);  // a 3 MiB segment would pass 4 MiB on GPU 1
+    FAIL("no out_of_memory");
+  } catch (const locus::out_of_memory& e) {
+    CHECK(e.device() == "mock:1");
+    CHECK(e.requested_bytes() == (3u << 20));
+    CHECK(e.reserved_bytes() == (2u << 20));
+    CHECK(e.limit_bytes() == (4u << 20));
+  }
+  CHECK(a.stats(1).reserved_bytes == (2u << 20));  // nothing changed
+  r.current_gpu = 0;
+  void* p0 = a.allocate(30u << 20);  // GPU 0 is not capped
+  CHECK(a.stats(0).reserved_bytes >= (30u << 20));
+  CHECK(a.stats(1).limit_bytes == (4u << 20));
+  CHECK(a.stats(0).limit_bytes == std::numeric_limits<std::size_t>::max());
+  // a cached segment of GPU 1 is returned to make room under GPU 1's limit, not GPU 0's
+  r.current_gpu = 1;
+  a.deallocate(p1);
+  void* big = a.allocate(3u << 20);  // 2 MiB cached + 3 MiB > 4 MiB: the cached one goes
+  CHECK(a.stats(1).reserved_bytes == (3u << 20));
+  CHECK(a.stats(0).reserved_bytes >= (30u << 20));
+  a.deallocate(big);
+  a.deallocate(p0);
+  CHECK(r.errors == 0);
+}

@@ -122,3 +122,30 @@ TEST_CASE("a trainer on cuda refuses a batch of another GPU before it changes an
   t.step(x, y);  // the same batch on the model's GPU trains
   CHECK(t.optimizer_steps() == 1);
 }
+
+TEST_CASE("per-GPU memory statistics, limits and caches on the real allocator") {
+  const int g = locus::current_device();
+  locus::empty_cache<locus::cuda>(g);
+  const auto before = locus::memory_stats<locus::cuda>(g);
+  {
+    auto t = locus::zeros<float, locus::cuda>({1 << 20});  // 4 MiB: a 20 MiB segment
+    const auto during = locus::memory_stats<locus::cuda>(g);
+    CHECK(during.allocated_bytes == before.allocated_bytes + (std::size_t{4} << 20));
+    CHECK(during.reserved_bytes >= before.reserved_bytes + (std::size_t{4} << 20));
+    CHECK(locus::memory_stats<locus::cuda>().allocated_bytes >= during.allocated_bytes);
+  }
+  CHECK(locus::memory_stats<locus::cuda>(g).allocated_bytes == before.allocated_bytes);
+  locus::empty_cache<locus::cuda>(g);
+  CHECK(locus::memory_stats<locus::cuda>(g).reserved_bytes <= before.reserved_bytes);
+  locus::set_memory_limit<locus::cuda>(std::size_t{8} << 20, g);
+  try {
+    auto big = locus::empty<float, locus::cuda>({std::int64_t{4} << 20});  // 16 MiB
+    FAIL("no out_of_memory");
+  } catch (const locus::out_of_memory& e) {
+    CHECK(e.device() == "cuda:" + std::to_string(g));
+  }
+  locus::set_memory_limit<locus::cuda>(std::numeric_limits<std::size_t>::max(), g);
+  CHECK_THROWS_AS((void)locus::memory_stats<locus::cuda>(locus::device_count()), locus::device_error);
+  CHECK_THROWS_AS(locus::empty_cache<locus::cuda>(-1), locus::device_error);
+  CHECK(locus::memory_summary().find("cuda:" + std::to_string(g)) != std::string::npos);
+}

@@ -59,6 +59,7 @@
 //   error throws cuda_error (out of memory takes the out-of-memory path).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +69,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -426,6 +428,7 @@ class caching_allocator {
           "on the capturing thread");
     std::lock_guard lock(mutex_);
     capture_guard cg(capture_, capturing_now);
+    place_stats& ps = at(place);  // (grows the per-GPU table before anything changes)
     pool_state& pool = in_pool ? *t.pool : shared_;
     // No event queries while a capture may be underway (a pool scope is alive, or this
     // thread's stream captures): cudaEventQuery on the capturing thread invalidates a
@@ -437,16 +440,20 @@ class caching_allocator {
     block* b = find_free(pool, small, place, stream, size);
     if (b) {
       ++cache_hits_;
+      ++ps.cache_hits;
     } else {
       const std::size_t before = system_allocations_;
       b = grow(pool, size, small, place, stream);
-      if (system_allocations_ == before) ++cache_hits_;  // a pending block completed meanwhile
+      if (system_allocations_ == before) ++cache_hits_, ++ps.cache_hits;  // a pending block completed meanwhile
     }
     b = take(pool, b, size, stream);
     live_.emplace(b->addr, b);
     allocated_ += b->size;
     ++allocations_;
     if (allocated_ > peak_) peak_ = allocated_;
+    ps.allocated += b->size;
+    ++ps.allocations;
+    if (ps.allocated > ps.peak) ps.peak = ps.allocated;
     return reinterpret_cast<void*>(b->addr);
   }
 
@@ -458,6 +465,7 @@ class caching_allocator {
     block* b = it->second;
     live_.erase(it);
     allocated_ -= b->size;
+    places_[static_cast<std::size_t>(b->place)].allocated -= b->size;
     const bool own_capturing = Resource::stream_ordered && b->stream != any_stream &&
                                resource_.capturing(reinterpret_cast<void*>(b->stream));
     const bool use_capturing = any_use_capturing(b);
@@ -468,7 +476,7 @@ class caching_allocator {
       // back. See the class comment.
       b->state = block::parked;
       b->uses.clear();
-      pending_bytes_ += b->size;
+      add_pending(b);
       parked_.push_back(b);
       return;
     }
@@ -476,7 +484,7 @@ class caching_allocator {
       free_block(b);
       return;
     }
-    pending_bytes_ += b->size;
+    add_pending(b);
     if (use_capturing) {
       b->state = block::deferred;  // events recorded once the capture is over
       deferred_.push_back(b);
@@ -551,6 +559,25 @@ class caching_allocator {
     for (auto& p : pools_) rekey(*p);
   }
 
+  /// Statistics of one place (GPU), or of all together (place < 0).
+  memory_statistics stats(int place) {
+    if (place < 0) return stats();
+    std::lock_guard lock(mutex_);
+    memory_statistics s;
+    if (static_cast<std::size_t>(place) < places_.size()) {
+      const place_stats& ps = places_[static_cast<std::size_t>(place)];
+      s.allocated_bytes = ps.allocated;
+      s.reserved_bytes = ps.reserved;
+      s.peak_allocated_bytes = ps.peak;
+      s.allocations = ps.allocations;
+      s.cache_hits = ps.cache_hits;
+      s.limit_bytes = ps.limit;
+      s.pending_bytes = ps.pending;
+      s.system_allocations = ps.system_allocations;
+    }
+    s.fallback = resource_.fallback();
+    return s;
+  }
   memory_statistics stats() {
     std::lock_guard lock(mutex_);
     memory_statistics s;
@@ -569,7 +596,7 @@ class caching_allocator {
   /// one synchronize when pending blocks exist, so that they can complete), and puts
   /// blocks freed during a capture (parked) back into circulation. Does nothing while
   /// a pool scope is alive or this thread's stream captures.
-  void empty_cache() {
+  void empty_cache(int place = -1) {
     if (resource_.current_capturing()) return;
     std::lock_guard lock(mutex_);
     if (!may_free()) return;
@@ -581,11 +608,15 @@ class caching_allocator {
       std::vector<block*> parked;
       parked.swap(parked_);
       for (block* b : parked) {
-        pending_bytes_ -= b->size;
+        if (place >= 0 && b->place != place) {
+          parked_.push_back(b);  // another GPU's: stays parked
+          continue;
+        }
+        sub_pending(b);
         free_block(b);
       }
     }
-    release(shared_, std::numeric_limits<std::size_t>::max(), false);
+    release(shared_, std::numeric_limits<std::size_t>::max(), false, place);
   }
   /// Caps reserved bytes; cached segments are returned until reserved bytes are
   /// within the new limit where that is possible.
@@ -594,9 +625,22 @@ class caching_allocator {
     limit_ = bytes;
     if (reserved_ > limit_ && may_free()) release(shared_, reserved_ - limit_, false);
   }
-  void reset_peak() {
+  /// Caps one place's (GPU's) reserved bytes, beside the cap of all together.
+  void set_limit(std::size_t bytes, int place) {
+    if (place < 0) return set_limit(bytes);
     std::lock_guard lock(mutex_);
-    peak_ = allocated_;
+    place_stats& ps = at(place);
+    ps.limit = bytes;
+    if (ps.reserved > ps.limit && may_free()) release(shared_, ps.reserved - ps.limit, false, place);
+  }
+  void reset_peak(int place = -1) {
+    std::lock_guard lock(mutex_);
+    if (place < 0) {
+      peak_ = allocated_;
+      for (auto& ps : places_) ps.peak = ps.allocated;
+    } else if (static_cast<std::size_t>(place) < places_.size()) {
+      places_[static_cast<std::size_t>(place)].peak = places_[static_cast<std::size_t>(place)].allocated;
+    }
   }
   Resource& resource() noexcept { return resource_; }
 
@@ -685,7 +729,7 @@ class caching_allocator {
         const pending_event e = q.events[h];
         resource_.release_event(e.token);
         if (--e.b->events == 0) {
-          pending_bytes_ -= e.b->size;
+          sub_pending(e.b);
           free_block(e.b);
         }
       }
@@ -722,7 +766,7 @@ class caching_allocator {
         const pending_event e = q[h++];
         resource_.release_event(e.token);
         if (--e.b->events == 0) {
-          pending_bytes_ -= e.b->size;
+          sub_pending(e.b);
           free_block(e.b);
         }
       }
@@ -743,7 +787,7 @@ class caching_allocator {
     for (std::size_t i = 0; i < deferred_.size();) {
       block* b = deferred_[i];
       if (b->uses.empty()) {  // its streams were released meanwhile
-        pending_bytes_ -= b->size;
+        sub_pending(b);
         deferred_[i] = deferred_.back();
         deferred_.pop_back();
         free_block(b);
@@ -847,20 +891,31 @@ class caching_allocator {
   /// cached segments where that makes room), or a block that a synchronisation freed.
   block* grow(pool_state& pool, std::size_t size, bool small, int place, std::uintptr_t stream) {
     std::size_t seg = segment_size(size);
-    if (reserved_ > limit_ || seg > limit_ - reserved_) {
+    place_stats& ps = at(place);
+    // Room under the cap of all places and under this place's own cap: the smaller.
+    const auto room = [](std::size_t reserved, std::size_t limit) { return reserved > limit ? std::size_t{0} : limit - reserved; };
+    const bool own_binds = room(ps.reserved, ps.limit) < room(reserved_, limit_);
+    const bool over = reserved_ > limit_ || ps.reserved > ps.limit;
+    const std::size_t headroom = std::min(room(reserved_, limit_), room(ps.reserved, ps.limit));
+    if (over || seg > headroom) {
       // The usual segment does not fit the limit: a segment of exactly the request,
       // after returning cached segments where they make the room.
       seg = size;
-      if (reserved_ > limit_ || size > limit_ - reserved_) {
+      if (over || size > headroom) {
         if (!queues_.empty() && may_free())
           if (block* b = sync_and_find(pool, size, small, place, stream)) return b;
-        const std::size_t need = size - (reserved_ > limit_ ? 0 : limit_ - reserved_) +
-                                 (reserved_ > limit_ ? reserved_ - limit_ : 0);
-        if (!may_free() || !release(shared_, need, true))
-          throw out_of_memory(device_name, size, allocated_, reserved_, limit_,
-                              may_free() ? "memory limit"
-                                         : "memory limit; cached memory cannot be returned while "
-                                           "a graph pool scope is alive");
+        const std::size_t excess = own_binds ? (ps.reserved > ps.limit ? ps.reserved - ps.limit : 0)
+                                             : (reserved_ > limit_ ? reserved_ - limit_ : 0);
+        const std::size_t need = size - headroom + excess;
+        if (!may_free() || !release(shared_, need, true, own_binds ? place : -1)) {
+          const char* why = may_free() ? "memory limit"
+                                       : "memory limit; cached memory cannot be returned while a graph pool "
+                                         "scope is alive";
+          if (own_binds)  // this GPU's own limit: its numbers, under its name (cuda:1)
+            throw out_of_memory(std::string(device_name) + ":" + std::to_string(place), size, ps.allocated,
+                                ps.reserved, ps.limit, why);
+          throw out_of_memory(device_name, size, allocated_, reserved_, limit_, why);
+        }
       }
     }
     void* p = resource_.raw_allocate(seg);
@@ -882,6 +937,8 @@ class caching_allocator {
     ++system_allocations_;
     reserved_ += seg;
     pool.reserved += seg;
+    ++ps.system_allocations;
+    ps.reserved += seg;
     auto* b = new block;
     b->addr = reinterpret_cast<std::uintptr_t>(p);
     b->size = seg;
@@ -899,7 +956,7 @@ class caching_allocator {
   /// nothing, if all of them would not make `need` (need = max(): free all, return
   /// whether any was freed). `sync_if_short`: when short and blocks are pending,
   /// synchronize once and count the blocks that completed.
-  bool release(pool_state& pool, std::size_t need, bool sync_if_short) noexcept {
+  bool release(pool_state& pool, std::size_t need, bool sync_if_short, int place = -1) noexcept {
     const bool all = need == std::numeric_limits<std::size_t>::max();
     std::vector<std::pair<std::size_t, block*>> segs;  // (bytes, first block)
     std::size_t total = 0;
@@ -907,7 +964,7 @@ class caching_allocator {
       segs.clear();
       total = 0;
       for (block* b : pool.free) {
-        if (b->prev) continue;
+        if (b->prev || (place >= 0 && b->place != place)) continue;
         std::size_t bytes = 0;
         const block* x = b;
         for (; x && x->state == block::free_; x = x->next) bytes += x->size;
@@ -944,6 +1001,7 @@ class caching_allocator {
     resource_.raw_free(reinterpret_cast<void*>(head->addr), head->place);
     reserved_ -= bytes;
     pool.reserved -= bytes;
+    places_[static_cast<std::size_t>(head->place)].reserved -= bytes;
     for (block* b = head; b;) {
       block* n = b->next;
       pool.free.erase(b);
@@ -980,6 +1038,28 @@ class caching_allocator {
   std::size_t allocated_ = 0, reserved_ = 0, peak_ = 0, allocations_ = 0, cache_hits_ = 0,
               pending_bytes_ = 0, system_allocations_ = 0;
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
+
+  /// The same figures per place (GPU), grown (under the mutex) the first time a place
+  /// allocates or is given a limit; the totals above stay what they were.
+  struct place_stats {
+    std::size_t allocated = 0, reserved = 0, peak = 0, allocations = 0, cache_hits = 0, pending = 0,
+                system_allocations = 0;
+    std::size_t limit = std::numeric_limits<std::size_t>::max();
+  };
+  std::vector<place_stats> places_;
+  place_stats& at(int place) {
+    const std::size_t i = static_cast<std::size_t>(place < 0 ? 0 : place);
+    if (i >= places_.size()) places_.resize(i + 1);
+    return places_[i];
+  }
+  void add_pending(const block* b) noexcept {
+    pending_bytes_ += b->size;
+    places_[static_cast<std::size_t>(b->place)].pending += b->size;
+  }
+  void sub_pending(const block* b) noexcept {
+    pending_bytes_ -= b->size;
+    places_[static_cast<std::size_t>(b->place)].pending -= b->size;
+  }
 };
 
 /// A private pool of a caching allocator (for one captured CUDA graph): owns the
@@ -1428,6 +1508,101 @@ void set_memory_limit(std::size_t bytes) {
 template <Device D>
 void reset_peak_memory_stats() {
   detail::allocator_for<D>().reset_peak();
+}
+
+// ---- per GPU ------------------------------------------------------------------------------
+// The forms above cover every GPU of the process together (one caching allocator serves
+// them all); these take one GPU's index. Only cuda has GPUs.
+namespace detail {
+template <class D>
+constexpr bool require_gpu_device() {
+  static_assert(std::is_same_v<typename D::allocator, cuda_allocator_kind>,
+                "locus: only cuda memory belongs to a GPU; drop the GPU index: memory_stats<D>(), "
+                "empty_cache<D>(), set_memory_limit<D>(bytes), reset_peak_memory_stats<D>()");
+  return std::is_same_v<typename D::allocator, cuda_allocator_kind>;
+}
+#if LOCUS_HAS_CUDA
+/// A GPU index of this process, or a device_error naming the GPUs there are.
+inline void check_memory_gpu(int gpu) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  if (gpu < 0 || gpu >= n)
+    throw device_error(format("locus: GPU %d does not exist: this process sees %d GPU%s%s", gpu, n, n == 1 ? "" : "s",
+                              n > 0 ? format(", numbered 0 to %d", n - 1).c_str() : " (locus::environment() says why)"),
+                       gpu, -1);
+}
+#endif
+}  // namespace detail
+
+/// Statistics of one GPU's memory (the cuda allocator's blocks on GPU `gpu`).
+template <Device D>
+memory_statistics memory_stats(int gpu) {
+  if constexpr (detail::require_gpu_device<D>()) {
+#if LOCUS_HAS_CUDA
+    detail::check_memory_gpu(gpu);
+    return detail::allocator_for<D>().stats(gpu);
+#endif
+  }
+  return {};
+}
+/// Returns GPU `gpu`'s cached, unused blocks to the system (the other GPUs keep theirs).
+template <Device D>
+void empty_cache(int gpu) {
+  if constexpr (detail::require_gpu_device<D>()) {
+#if LOCUS_HAS_CUDA
+    detail::check_memory_gpu(gpu);
+    detail::allocator_for<D>().empty_cache(gpu);
+#endif
+  }
+}
+/// Caps GPU `gpu`'s reserved bytes (beside the cap of all GPUs together); an allocation
+/// past it is an out_of_memory naming "cuda:<gpu>" and that GPU's numbers.
+template <Device D>
+void set_memory_limit(std::size_t bytes, int gpu) {
+  if constexpr (detail::require_gpu_device<D>()) {
+#if LOCUS_HAS_CUDA
+    detail::check_memory_gpu(gpu);
+    detail::allocator_for<D>().set_limit(bytes, gpu);
+#endif
+  }
+}
+/// One line per device the build has (cpu; pinned and each GPU of cuda with CUDA):
+/// allocated, reserved, peak and limit, for logs and the doctor program.
+inline std::string memory_summary() {
+  const auto mib = [](std::size_t b) { return detail::format("%.1f MiB", static_cast<double>(b) / 1048576.0); };
+  const auto line = [&](const std::string& name, const memory_statistics& m) {
+    return detail::format("  %-8s allocated %s, reserved %s, peak %s, limit %s\n", name.c_str(),
+                          mib(m.allocated_bytes).c_str(), mib(m.reserved_bytes).c_str(),
+                          mib(m.peak_allocated_bytes).c_str(),
+                          m.limit_bytes == std::numeric_limits<std::size_t>::max() ? "none"
+                                                                                    : mib(m.limit_bytes).c_str());
+  };
+  std::string out = "memory:\n" + line("cpu", detail::allocator_for<cpu>().stats());
+#if LOCUS_HAS_CUDA
+  out += line("pinned", detail::allocator_for<pinned>().stats());
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  for (int g = 0; g < n; ++g) out += line("cuda:" + std::to_string(g), detail::allocator_for<cuda>().stats(g));
+  if (n == 0) out += "  cuda     no GPU visible\n";
+#endif
+  return out;
+}
+
+/// Starts a new peak on GPU `gpu`.
+template <Device D>
+void reset_peak_memory_stats(int gpu) {
+  if constexpr (detail::require_gpu_device<D>()) {
+#if LOCUS_HAS_CUDA
+    detail::check_memory_gpu(gpu);
+    detail::allocator_for<D>().reset_peak(gpu);
+#endif
+  }
 }
 
 }  // namespace locus
