@@ -676,3 +676,51 @@ int main(int argc, char** argv) {
   if (ctx.shouldExit()) return rc;
   return failed ? 1 : 0;
 }
+
+TEST_CASE("data_parallel: each rank draws its own dropout masks by default; the option keeps rank 0's everywhere") {
+  auto& c = world();
+  const int r = c.rank();
+  const auto x = locus::ones<float, cpu>({16, 20});
+  // The masks, read through a forward: dropout after a linear layer of ones.
+  const auto masks = [&](bool same) {
+    nn::sequential m(nn::linear<cpu, P>(20, 64), nn::dropout<cpu, P>(0.5f, 77));
+    m.reset_parameters(5);
+    locus::optim::adamw<cpu> opt(m.parameters());
+    locus::train::trainer t(m, opt, nn::cross_entropy{});
+    dist::data_parallel dp(c, t, {.same_dropout_on_every_rank = same});
+    CHECK(m.get<1>().rank_stream() == (same ? 0u : static_cast<std::uint64_t>(r)));
+    const auto y = m.forward(x.view());
+    std::vector<float> keep;
+    for (index_t i = 0; i < y.numel(); ++i) keep.push_back(y.data_handle()[i] == 0.0f ? 0.0f : 1.0f);
+    return keep;
+  };
+  const auto own = masks(false), same = masks(true);
+  // rank 0's masks equal those of a model outside data_parallel (a world of one draws
+  // what it drew before), computed here with the dropout kernel's key and counter
+  nn::sequential solo(nn::linear<cpu, P>(20, 64), nn::dropout<cpu, P>(0.5f, 77));
+  solo.reset_parameters(5);
+  const auto ys = solo.forward(x.view());
+  std::vector<float> solo_keep;
+  for (index_t i = 0; i < ys.numel(); ++i) solo_keep.push_back(ys.data_handle()[i] == 0.0f ? 0.0f : 1.0f);
+  CHECK(same == solo_keep);
+  if (r == 0) CHECK(own == solo_keep);
+  // across ranks: the default masks differ between ranks, the option's are equal
+  locus::tensor<float, cpu, 1> mine({static_cast<index_t>(own.size())}), mine_same({static_cast<index_t>(own.size())});
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    mine(static_cast<index_t>(i)) = own[i];
+    mine_same(static_cast<index_t>(i)) = same[i];
+  }
+  const index_t n = mine.numel();
+  locus::tensor<float, cpu, 1> all({n * c.world_size()}), all_same({n * c.world_size()});
+  c.all_gather(mine, all);
+  c.all_gather(mine_same, all_same);
+  for (int k = 1; k < c.world_size(); ++k) {
+    index_t differ = 0, differ_same = 0;
+    for (index_t i = 0; i < n; ++i) {
+      differ += all(k * n + i) != all(i);
+      differ_same += all_same(k * n + i) != all_same(i);
+    }
+    CHECK(differ > n / 4);  // independent masks at p = 0.5 differ in about half the places
+    CHECK(differ_same == 0);
+  }
+}

@@ -54,6 +54,13 @@ struct data_parallel_options {
   /// reduced (non-blocking) as soon as backward has finished its layers, the rest after
   /// backward; the result is the same.
   std::size_t bucket_bytes = 0;
+  /// false (the default): each rank's dropout layers draw their own stream (rank r's
+  /// masks from the key seed + r * 0x9E3779B97F4A7C15; rank 0 as a model outside
+  /// data_parallel), so the ranks' masks are independent, as if one process drew them
+  /// for the whole global batch. true: every rank draws rank 0's masks. Augmentation
+  /// needs no option: the loader's transforms draw from Philox(seed, global sample index,
+  /// epoch), so each sample's draw is its own whichever rank reads it.
+  bool same_dropout_on_every_rank = false;
 };
 
 namespace detail {
@@ -191,6 +198,8 @@ class data_parallel {
                             "(nn::sequential does)");
       }
       broadcast_parameters();
+      if constexpr (requires { t_->model().set_dropout_rank(std::uint64_t{}); })
+        t_->model().set_dropout_rank(o_.same_dropout_on_every_rank ? 0u : static_cast<std::uint64_t>(comm_->rank()));
       // the hooks last: nothing below throws, so no hook outlives a failed construction
       t_->set_gradient_sync([this](gradient_view g) { sync(g); });
       if constexpr (has_final_hook) {

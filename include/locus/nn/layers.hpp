@@ -435,6 +435,13 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   [[nodiscard]] std::uint64_t counter() const noexcept { return counter_; }
   void set_counter(std::uint64_t c) noexcept { counter_ = c; }
   void set_seed(std::uint64_t s) noexcept { seed_ = s; }
+  /// The data-parallel rank whose stream this layer draws: rank r's masks come from the
+  /// key seed + r * 0x9E3779B97F4A7C15 (Philox keys are independent streams), rank 0's
+  /// from the seed itself, so a world of one draws what a model outside data_parallel
+  /// draws. dist::data_parallel sets it (data_parallel_options::same_dropout_on_every_rank
+  /// keeps every rank at 0).
+  void set_rank_stream(std::uint64_t rank) noexcept { rank_ = rank; }
+  [[nodiscard]] std::uint64_t rank_stream() const noexcept { return rank_; }
 
   template <std::size_t R>
   view_of<R> forward(const view_of<R>& x) {
@@ -442,7 +449,7 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
     if (this->has_hooks()) this->run_pre(detail::as_rows(x));
     stream_ = counter_++;
     detail::ensure_numel(y_, x.numel());
-    locus::detail::launch_n<D>(x.numel(), locus::detail::dropout_kernel<C>{x.data_handle(), y_.data_handle(), seed_, stream_, p_});
+    locus::detail::launch_n<D>(x.numel(), locus::detail::dropout_kernel<C>{x.data_handle(), y_.data_handle(), key(), stream_, p_});
     const view_of<R> y = detail::shaped(y_, x.shape());
     if (this->has_hooks()) this->run_post(detail::as_rows(x), detail::as_rows(y));
     return y;
@@ -450,7 +457,7 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   template <std::size_t R>
   view_of<R> backward(const view_of<R>& gy, bool = true) {
     detail::ensure_numel(gx_, gy.numel());
-    locus::detail::launch_n<D>(gy.numel(), locus::detail::dropout_kernel<C>{gy.data_handle(), gx_.data_handle(), seed_, stream_, p_});
+    locus::detail::launch_n<D>(gy.numel(), locus::detail::dropout_kernel<C>{gy.data_handle(), gx_.data_handle(), key(), stream_, p_});
     return detail::shaped(gx_, gy.shape());
   }
   template <std::size_t R>
@@ -463,8 +470,9 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   }
 
  private:
+  std::uint64_t key() const noexcept { return seed_ + rank_ * 0x9E3779B97F4A7C15ull; }
   float p_;
-  std::uint64_t seed_, stream_ = 0, counter_ = 0;
+  std::uint64_t seed_, stream_ = 0, counter_ = 0, rank_ = 0;
   tensor<C, D, 1> y_, gx_;
 };
 
@@ -700,6 +708,11 @@ class sequential {
     std::apply([&](const auto&... l) { (one(l), ...); }, layers_);
   }
 
+  /// Every dropout layer draws rank `rank`'s stream (dropout::set_rank_stream).
+  void set_dropout_rank(std::uint64_t rank) noexcept {
+    std::apply([&](auto&... l) { (set_rank_of(l, rank), ...); }, layers_);
+  }
+
   store_type& parameters() & noexcept { return store_; }
   const store_type& parameters() const& noexcept { return store_; }
   template <class Model = sequential>
@@ -767,6 +780,10 @@ class sequential {
   void set_gradients_final(std::function<void(index_t first_final)> f) { grads_final_ = std::move(f); }
 
  private:
+  template <class L>
+  static void set_rank_of(L& l, std::uint64_t rank) noexcept {
+    if constexpr (detail::is_dropout<L>::value) l.set_rank_stream(rank);
+  }
   static std::string position(std::size_t i) { return "locus: sequential layer " + std::to_string(i) + ": "; }
   static std::string without_prefix(const char* m) {
     const std::string s = m;
