@@ -5,7 +5,7 @@
 //                 [--epochs N] [--batch-size N|auto] [--lr X] [--accumulate N] [--seed N]
 //                 [--clip-grad-norm X | --clip-grad-value X] [--plot FILE.png]
 //                 [--hidden A,B] [--checkpoint-dir DIR] [--resume [FILE]] [--log FILE.csv]
-//                 [--memory-limit BYTES[K|M|G]]
+//                 [--memory-limit BYTES[K|M|G]] [--workers N]
 //
 // The command line is parsed strictly by CLI11 before anything else happens: a malformed
 // or out-of-range value names its option and exits 2; --help lists the options on
@@ -252,6 +252,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
   constexpr locus::index_t eval_batch_size = 1000;
   const int rank = job_rank(), world = job_size();
   auto go = [&](auto& t) -> int {
+    for (const auto& note : t.preflight().notes) std::printf("preflight note: %s\n", note.c_str());
     // Several ranks: the epoch functions and checkpoints through data_parallel (rank 0's
     // initial weights on every rank, gradients averaged each optimizer step).
 #if LOCUS_HAS_MPI
@@ -362,6 +363,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
     }
     auto lo = train_options;
     lo.batch_size = batch;
+    lo.workers = c.workers;  // the same batches at any count: not a resume option
     if (images && c.augment == "crop+flip")
       lo.transform = locus::data::compose(
           locus::data::random_crop{.channels = 1, .height = rows, .width = cols, .padding = 2},
@@ -441,7 +443,7 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       }
       log.open(c.log, std::ios::trunc);
       if (!log) throw locus::io_error("cannot write " + c.log);
-      log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds,lr\n";
+      log << "epoch,train_loss,test_loss,test_accuracy,samples_per_s,peak_bytes,seconds,lr,loader_wait_seconds\n";
       for (const auto& line : kept) log << line << '\n';
     }
 
@@ -479,13 +481,14 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       const auto r = train_epoch(train_loader, eoe);
       ev = evaluate(test_loader);
 
-      std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s  %.1f s\n",
+      std::printf("epoch %2lld  train loss %.4f  test loss %.4f  test accuracy %.4f  %8.0f samples/s  peak %s  %.1f s"
+                  "  loader wait %.2f s\n",
                   static_cast<long long>(e + 1), r.loss, ev.loss, ev.accuracy, r.samples_per_s,
-                  bytes(r.peak_bytes).c_str(), r.seconds + ev.seconds);
+                  bytes(r.peak_bytes).c_str(), r.seconds + ev.seconds, r.loader_wait_seconds);
       std::fflush(stdout);
       if (log)
         log << e + 1 << ',' << r.loss << ',' << ev.loss << ',' << ev.accuracy << ',' << r.samples_per_s << ','
-            << r.peak_bytes << ',' << r.seconds << ',' << opt.lr() << '\n'
+            << r.peak_bytes << ',' << r.seconds << ',' << opt.lr() << ',' << r.loader_wait_seconds << '\n'
             << std::flush;
       if (!c.checkpoint_dir.empty()) {
         const std::filesystem::path dir(c.checkpoint_dir);
@@ -542,7 +545,20 @@ int job(const config& c) {
     use_cuda = locus::cuda_available();
 #endif
   }
-  const std::string precision = !c.precision.empty() ? c.precision : (use_cuda ? "bf16" : "fp32");
+  // On cuda the default is bf16, or fp16 with a grad scaler on a card without bf16
+  // (compute capability below 8.0: locus::mixed_precision_for).
+  std::string precision = !c.precision.empty() ? c.precision : (use_cuda ? "bf16" : "fp32");
+#if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+  if (use_cuda && c.precision.empty()) {
+    const int gpu = locus::detail::current_device_or_zero();
+    for (const auto& d : env.devices)
+      if (d.index == gpu && locus::mixed_precision_for(d) == locus::gpu_precision::fp16) {
+        precision = "fp16";
+        std::printf("GPU %d (%s) has compute capability %d.%d, without bf16: training in fp16 with a grad scaler\n",
+                    gpu, d.name.c_str(), d.compute_major, d.compute_minor);
+      }
+  }
+#endif
   std::printf("\ntraining on %s in %s\n", use_cuda ? "cuda" : "cpu", precision.c_str());
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
   if (use_cuda) {

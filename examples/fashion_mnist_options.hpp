@@ -36,6 +36,7 @@ struct config {
   std::string log;
   std::string plot;  // PNG of the --log CSV, rendered at the end
   std::size_t memory_limit = 0;  // 0: none
+  int workers = 1;  // threads that load and augment the training batches' samples
 };
 
 /// A command line the job refuses: the message names the option.
@@ -134,6 +135,10 @@ inline config parse_options(int argc, const char* const* argv) {
       ->delimiter(',')
       ->expected(2)
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--workers", c.workers,
+                 "threads that load and augment the training samples (data::loader_options::workers; the "
+                 "batches are the same at every count)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write last.safetensors and epoch-N.safetensors here");
   auto* resume = app.add_option("--resume", c.resume_file,
                                 "resume from FILE (default: last.safetensors in --checkpoint-dir), with the "

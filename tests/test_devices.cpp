@@ -2,12 +2,20 @@
 // carries its GPU, and the check every cuda operation makes before launching (operands
 // and destination on the current GPU) is exercised here over views that claim GPUs,
 // without touching their memory. Expressions, GEMMs and reductions on real cuda memory
-// are in tests/cuda/test_devices.cu; allocations on two GPUs in tests/fake_cuda.
+// are in tests/cuda/test_devices.cu; allocations on two GPUs through the caching
+// allocator's mock in tests/test_allocator_cache.cpp; the preflight of cards through a
+// fake driver in tests/test_preflight.cpp. Also here: a model moved between devices
+// (sequential::to<D2>()), on the two host devices.
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <locus/locus.hpp>
+#include <locus/nn/conv.hpp>
+#include <locus/nn/layers.hpp>
 
 #include "host_devices.hpp"
 
@@ -22,6 +30,87 @@ TEST_CASE("host tensors and views have no GPU") {
   CHECK(t.slice(0, 1).device_index() == -1);
   locus::tensor<float, locus::cpu, 2> empty;
   CHECK(empty.device_index() == -1);
+}
+
+namespace {
+template <class T, class D, std::size_t R>
+std::vector<std::uint64_t> bits(const locus::tensor_view<T, D, R>& v) {
+  const auto h = locus::to<locus::cpu>(v);
+  std::vector<std::uint64_t> out;
+  for (locus::index_t i = 0; i < h.numel(); ++i) {
+    const auto x = h.data_handle()[i];
+    if constexpr (sizeof(x) == 8) out.push_back(std::bit_cast<std::uint64_t>(x));
+    else if constexpr (sizeof(x) == 4) out.push_back(std::bit_cast<std::uint32_t>(x));
+    else out.push_back(std::bit_cast<std::uint16_t>(x));
+  }
+  return out;
+}
+
+/// A CNN with every kind of state: conv and linear parameters, batch norm's running
+/// statistics and count, a dropout's stream.
+template <class D, class P>
+auto small_cnn() {
+  namespace nn = locus::nn;
+  return nn::sequential(nn::conv2d<D, P>(1, 3, 3, {.padding = 1}), nn::batch_norm2d<D, P>(3), nn::relu<D, P>(),
+                        nn::max_pool2d<D, P>(2), nn::flatten<D, P>(), nn::dropout<D, P>(0.25f, 9),
+                        nn::linear<D, P>(3 * 2 * 2, 4), nn::gelu<D, P>(), nn::linear<D, P>(4, 2));
+}
+
+template <class D2, class M>
+void check_moved(const M& m) {
+  using P = typename M::policy;
+  const auto moved = m.template to<D2>();
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(moved)>::device, D2>);
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(moved)>::policy, P>);
+  // the parameters, bit for bit, under their names; the compute copy made from them
+  REQUIRE(moved.parameters().entries().size() == m.parameters().entries().size());
+  for (std::size_t i = 0; i < m.parameters().entries().size(); ++i)
+    CHECK(moved.parameters().entries()[i].name == m.parameters().entries()[i].name);
+  CHECK(bits(moved.parameters().master()) == bits(m.parameters().master()));
+  // the buffers, bit for bit
+  std::vector<std::vector<std::uint64_t>> a, b;
+  std::vector<std::string> an, bn;
+  m.for_each_buffer([&](const std::string& n, auto v) { an.push_back(n), a.push_back(bits(v)); });
+  moved.for_each_buffer([&](const std::string& n, auto v) { bn.push_back(n), b.push_back(bits(v)); });
+  CHECK(an == bn);
+  CHECK(a == b);
+  CHECK(an.size() == 3);  // running_mean, running_var, num_batches_tracked
+  CHECK(moved.seed() == m.seed());
+  CHECK(moved.template get<5>().counter() == m.template get<5>().counter());
+  // the same inference, bit for bit (the same host kernels)
+  auto x = locus::rand<typename P::compute, locus::cpu>({5, 1, 4, 4}, 31, -1.0, 1.0);
+  const auto y0 = m.infer(x.view());
+  const auto xd = locus::to<D2>(x);
+  const auto y1 = moved.infer(xd.view());
+  CHECK(bits(std::as_const(y0).view()) == bits(std::as_const(y1).view()));
+}
+}  // namespace
+
+TEST_CASE("a model moves between devices with its parameters, buffers, seed and dropout stream (sequential::to)") {
+  using P = locus::amp::fp32;
+  auto m = small_cnn<locus::cpu, P>();
+  m.reset_parameters(17);
+  // two training forwards: batch norm's running statistics and count, the dropout's
+  // counter move away from their initial values
+  auto x = locus::rand<float, locus::cpu>({6, 1, 4, 4}, 5, -2.0, 2.0);
+  (void)m.forward(x.view());
+  (void)m.forward(x.view());
+  check_moved<locus::pinned>(m);
+  check_moved<locus::cpu>(m);  // to the same device: a copy
+  // there and back
+  const auto back = m.to<locus::pinned>().to<locus::cpu>();
+  CHECK(bits(back.parameters().master()) == bits(m.parameters().master()));
+  // the original is unchanged and still trains
+  CHECK_NOTHROW((void)m.forward(x.view()));
+}
+
+TEST_CASE("a mixed-precision model moves with its compute copy made from the master weights") {
+  using P = locus::amp::bf16_mixed;
+  auto m = small_cnn<locus::cpu, P>();
+  m.reset_parameters(3);
+  auto x = locus::rand<locus::bf16, locus::cpu>({6, 1, 4, 4}, 5, -2.0, 2.0);
+  (void)m.forward(x.view());
+  check_moved<locus::pinned>(m);  // its bf16 inference reads the compute copy
 }
 
 #if LOCUS_HAS_CUDA

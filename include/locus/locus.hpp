@@ -11,6 +11,7 @@
 #include "memory/allocator.hpp"
 #include "core/environment.hpp"
 #include "core/with_device.hpp"
+#include "core/preflight.hpp"
 #include "tensor/tensor.hpp"
 #include "tensor/print.hpp"
 #include "transfer/copy.hpp"

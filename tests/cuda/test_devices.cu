@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <locus/locus.hpp>
@@ -148,4 +149,58 @@ TEST_CASE("per-GPU memory statistics, limits and caches on the real allocator") 
   CHECK_THROWS_AS((void)locus::memory_stats<locus::cuda>(locus::device_count()), locus::device_error);
   CHECK_THROWS_AS(locus::empty_cache<locus::cuda>(-1), locus::device_error);
   CHECK(locus::memory_summary().find("cuda:" + std::to_string(g)) != std::string::npos);
+}
+
+TEST_CASE("a model moves to cuda and back with its parameters and buffers, bit for bit (sequential::to)") {
+  namespace nn = locus::nn;
+  using P = locus::amp::bf16_mixed;
+  nn::sequential m(nn::conv2d<locus::cpu, P>(1, 3, 3, {.padding = 1}), nn::batch_norm2d<locus::cpu, P>(3),
+                   nn::relu<locus::cpu, P>(), nn::flatten<locus::cpu, P>(), nn::linear<locus::cpu, P>(3 * 16, 2));
+  m.reset_parameters(11);
+  auto x = locus::rand<locus::bf16, locus::cpu>({4, 1, 4, 4}, 2, -1.0, 1.0);
+  (void)m.forward(x.view());  // running statistics away from their initial values
+  const auto g = m.to<locus::cuda>();
+  CHECK(g.parameters().master().device_index() == locus::current_device());
+  const auto back = g.to<locus::cpu>();
+  const auto a = std::as_const(m).parameters().master();
+  const auto b = back.parameters().master();
+  for (index_t i = 0; i < a.numel(); ++i) CHECK(a.data_handle()[i] == b.data_handle()[i]);
+  std::vector<float> ma, mb;
+  m.for_each_buffer([&](const std::string&, auto v) {
+    const auto h = locus::to<locus::cpu>(v);
+    for (index_t i = 0; i < h.numel(); ++i) ma.push_back(static_cast<float>(h.data_handle()[i]));
+  });
+  back.for_each_buffer([&](const std::string&, auto v) {
+    const auto h = locus::to<locus::cpu>(v);
+    for (index_t i = 0; i < h.numel(); ++i) mb.push_back(static_cast<float>(h.data_handle()[i]));
+  });
+  CHECK(ma == mb);
+  // and the cuda model infers what the cpu one does (bf16 kernels of two devices: close)
+  const auto yc = locus::to<locus::cpu>(m.infer(x.view()));
+  const auto xg = locus::to<locus::cuda>(x);
+  const auto yg = locus::to<locus::cpu>(g.infer(xg.view()));
+  for (index_t i = 0; i < yc.numel(); ++i)
+    CHECK(static_cast<float>(yg.data_handle()[i]) ==
+          doctest::Approx(static_cast<float>(yc.data_handle()[i])).epsilon(0.03));
+  if (locus::device_count() >= 2) {  // to another GPU: built under its guard
+    const int other = (locus::current_device() + 1) % locus::device_count();
+    locus::device_guard on(other);
+    const auto g1 = g.to<locus::cuda>();
+    CHECK(g1.parameters().master().device_index() == other);
+  }
+}
+
+TEST_CASE("preflight passes on this machine's GPU for the build's architectures, and the trainer ran it") {
+  const auto r = locus::preflight<locus::bf16>();
+  CHECK(r.compute_capability >= 800);
+  CHECK(r.notes.empty());  // built for this card (native or its architecture)
+  namespace nn = locus::nn;
+  using D = locus::cuda;
+  using P = locus::amp::bf16_mixed;
+  nn::sequential model(nn::linear<D, P>(6, 8), nn::relu<D, P>(), nn::linear<D, P>(8, 3));
+  locus::optim::adamw<D> opt(model.parameters(), {.lr = 1e-2});
+  locus::amp::grad_scaler<D> scaler;
+  locus::train::trainer t(model, opt, nn::cross_entropy{}, scaler);
+  CHECK(t.preflight().compute_capability == r.compute_capability);
+  CHECK(t.preflight().gpu == locus::current_device());
 }

@@ -57,7 +57,10 @@
 #include "cuda/runtime.hpp"
 #endif
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
+#include <atomic>
+#include <cstdint>
 #include <thrust/system/cuda/execution_policy.h>
+#include "../core/preflight.hpp"
 #endif
 
 namespace locus::detail {
@@ -141,6 +144,23 @@ __global__ void for_each_then_kernel(index_t n, F f, unsigned int* tickets) {
   }
 }
 
+/// The first launch of this file's kernels on each GPU checks the card against the
+/// architectures compiled into the file (locus::preflight, core/preflight.hpp): a card
+/// the build has no kernel image for, or a driver too old for the runtime, is a
+/// cuda_error naming the CMake setting or driver to change, instead of "no kernel image
+/// is available" after the launch. Archs is the file's list (a type, so that files with
+/// other lists keep their own flags); later launches on a GPU that passed cost one
+/// relaxed load.
+template <class Archs = this_file_cuda_archs>
+void check_kernel_image() {
+  static std::atomic<std::uint64_t> passed{0};  // bit g: GPU g passed (GPUs 64 and up: every time)
+  const int g = current_device_or_zero();
+  const std::uint64_t bit = g >= 0 && g < 64 ? std::uint64_t{1} << g : 0;
+  if (bit != 0 && (passed.load(std::memory_order_relaxed) & bit) != 0) return;
+  (void)::locus::preflight_check(gpu_report(g), g, gpu_precision::fp32, std::span<const int>(Archs::values));
+  passed.fetch_or(bit, std::memory_order_relaxed);
+}
+
 /// Checks the launch just made (a kernel launch reports bad configurations here).
 inline void check_launch(const char* call, const char* file, int line) {
   const cudaError_t e = cudaGetLastError();
@@ -175,6 +195,7 @@ void launch_n(index_t n, F f, index_t work = 1) {
   } else if constexpr (require_kernel_compiler<D>()) {
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
     count_launch();
+    check_kernel_image();
     if (n == 1) {
       single_thread_kernel<<<1, 1, 0, current_stream()>>>(f);
       check_launch("single_thread_kernel<<<1, 1>>>", __FILE__, __LINE__);
@@ -216,6 +237,7 @@ void launch_n_then(index_t n, F f, unsigned int* tickets) {
   } else if constexpr (require_kernel_compiler<D>()) {
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
     count_launch();
+    check_kernel_image();
     for_each_then_kernel<<<static_cast<unsigned int>(then_blocks(n)), then_block, 0, current_stream()>>>(n, f, tickets);
     check_launch("for_each_then_kernel", __FILE__, __LINE__);
 #endif

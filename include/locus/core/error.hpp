@@ -140,6 +140,10 @@ class cuda_error : public error {
   cuda_error(std::string_view call, std::string_view file, int line, int code,
              std::string_view text)
       : error(make_message(call, file, line, code, text)), code_(code) {}
+  /// A failure found before any call (locus::preflight): the whole message, and the
+  /// code the CUDA call that would have failed returns (cudaErrorNoKernelImageForDevice,
+  /// cudaErrorInsufficientDriver, cudaErrorNotSupported).
+  cuda_error(const std::string& what, int code) : error(what), code_(code) {}
   [[nodiscard]] int code() const noexcept { return code_; }
 
  private:

@@ -1,5 +1,6 @@
 // data::loader<D>: batches of a dataset on device D, shuffled with a seed, sharded
-// across ranks, prepared ahead on a background thread.
+// across ranks, prepared ahead on a background thread, its samples loaded and transformed
+// by `workers` threads.
 //
 //   locus::data::idx_dataset train = locus::data::idx_dataset::from_directory(dir, "train");
 //   locus::data::loader<locus::cuda> batches(train, {.batch_size = 128, .shuffle = true,
@@ -45,16 +46,54 @@
 // first waits for the work already enqueued there, so a block recycled from an earlier
 // batch is never overwritten while kernels still read it.
 //
+// Workers. The samples of a batch (load() and the transform) are produced by
+// `workers` threads at once (default 1: the background thread alone, one sample at a
+// time, as the loader always did). With N > 1 the background thread and N - 1 helper
+// threads, started with the epoch and joined at its end, claim chunks of the batch's
+// positions from one atomic counter; each writes its samples into their own rows of
+// the batch, and the batch is queued once all N are done with it. A sample's rows
+// depend only on its position and on (seed, epoch, dataset index), never on which
+// thread made it, so the batches are the same, bit for bit, at every worker count and
+// prefetch depth. One batch is filled at a time, so the memory bound above holds at any
+// worker count. With N > 1 the dataset's load() and the transform are called from
+// several threads at once (on different samples): they must be safe to call
+// concurrently (idx_dataset, tensor_dataset and the transforms of data/transforms.hpp
+// are). A failure is the first in the batch's order, as with one worker: a thread that
+// fails stops claiming, the others finish the chunks they hold (each claimed before
+// the failing one, or after it), and the failure at the lowest position is raised
+// (below); load() may have been called on later samples of that batch.
+//
+// Workers and OpenMP. The workers are std::threads of the loader, not an OpenMP team,
+// and nothing the loader runs (the IDX and tensor datasets, the transforms of
+// data/transforms.hpp) enters an OpenMP region, so the loader never waits on the
+// training step's OpenMP team nor the team on the loader: the consumer waits only for
+// a batch (a condition variable: it sleeps), the producer only for queue space. They
+// share the cores, though: while the step computes with OMP_NUM_THREADS threads, N
+// workers prepare the next batch beside them, so N + OMP_NUM_THREADS threads may be
+// runnable; the transforms then take cores from the step. Where the step waits for
+// data (wait_seconds() is a large part of the epoch), its OpenMP threads are idle and
+// the workers have the cores, unless OMP_WAIT_POLICY=active keeps idle OpenMP threads
+// spinning: leave the policy passive (or libgomp's default, which spins briefly and
+// then sleeps) for a data-bound job. A SampleSource or transform that itself uses
+// OpenMP starts a team per worker (N x OMP_NUM_THREADS threads): give it one thread.
+//
+// Loader wait. wait_seconds() is the time the consumer spent blocked in begin() and in
+// the iterator's increments of the current (or last) epoch waiting for its batches:
+// near zero when the loader keeps ahead of the step, most of the epoch when the data
+// is the bottleneck. begin() resets it; the trainer reports it per epoch
+// (train::metrics::loader_wait_seconds).
+//
 // Devices. A loader<cuda> belongs to the device current when it was constructed: its
 // side stream is made there, its batches are allocated there, and its producer thread
 // makes that device current. begin() captures that device's current stream of the
 // calling thread (an explicit handle, cudaStreamLegacy for the default stream: never
 // 0, which another thread would read as its own per-thread default stream).
 //
-// Errors. An exception thrown on the background thread (by the dataset, an
-// allocation, a CUDA call) ends the epoch and is rethrown, as the same object with
-// its message, by the consumer's call that would have received that batch (the
-// batches before it are delivered first).
+// Errors. An exception thrown on the background thread or a worker (by the dataset, a
+// transform, an allocation, a CUDA call) ends the epoch and is rethrown, as the same
+// object with its message, by the consumer's call that would have received that batch
+// (the batches before it are delivered first). The loader stays usable: the next
+// begin() starts the epoch again, and destroying it at any point joins its threads.
 //
 // The dataset must outlive the loader (it is held by reference). Any type with
 // size(), features() and load(i, span<float>) -> label works (SampleSource); that is
@@ -62,6 +101,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <concepts>
 #include <cstddef>
@@ -98,7 +139,8 @@ namespace locus::data {
 
 /// What a loader reads: a number of samples, each `features()` floats and an i64
 /// label. load(i, x) writes sample i into x (exactly features() floats) and returns
-/// its label; it is called from the loader's background thread (one at a time).
+/// its label; it is called from the loader's background threads: one at a time with
+/// loader_options::workers = 1, from several at once (on different samples) with more.
 template <class S>
 concept SampleSource = requires(const S& s, index_t i, std::span<float> x) {
   { s.size() } -> std::convertible_to<index_t>;
@@ -125,7 +167,8 @@ struct sample_shape {
 };
 
 /// A per-sample transform: rewrites the sample's features() floats in place (data
-/// augmentation: data/transforms.hpp). Called on the loader's background thread. Any
+/// augmentation: data/transforms.hpp). Called on the loader's background threads
+/// (concurrently, on different samples, with loader_options::workers > 1). Any
 /// callable void(std::span<float>, const sample_key&) converts to it, as to a
 /// std::function; one that also has `void check(sample_shape&) const` (every transform
 /// of data/transforms.hpp, and compose) is checked against the samples' shape when the
@@ -165,6 +208,10 @@ struct loader_options {
   int rank = 0;              ///< this process's shard, in [0, world_size)
   int world_size = 1;        ///< number of shards
   int prefetch = 2;          ///< batches prepared ahead by the background thread (>= 1)
+  /// Threads that load and transform the samples of a batch, in [1, 256]: 1 is the
+  /// background thread alone; N > 1 adds N - 1 helpers for the epoch. The batches are
+  /// the same, bit for bit, at every count (see the header comment: Workers).
+  int workers = 1;
   /// Applied to every sample after load (empty: none), e.g. data::compose(
   /// data::random_crop{...}, data::horizontal_flip{...}); evaluation loaders take none.
   sample_transform transform{};
@@ -252,6 +299,10 @@ class loader {
                   "; expected world_size >= 1 and 0 <= rank < world_size");
     if (options_.prefetch < 1)
       throw error("locus: loader prefetch must be >= 1, got " + std::to_string(options_.prefetch));
+    if (options_.workers < 1 || options_.workers > max_workers)
+      throw error("locus: loader workers must be in [1, " + std::to_string(max_workers) + "] (threads that load and "
+                  "transform a batch's samples; 1: the background thread alone), got " +
+                  std::to_string(options_.workers));
     if (static_cast<index_t>(source.size()) < 0 || static_cast<index_t>(source.features()) < 0)
       throw error("locus: loader dataset reports a negative size or feature count");
     check_transform(sample_shape{features()});
@@ -268,6 +319,9 @@ class loader {
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
   ~loader() { stop(); }
+
+  /// The most workers a loader takes (loader_options::workers).
+  static constexpr int max_workers = 256;
 
   /// Selects the epoch whose order the next begin() uses.
   void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
@@ -306,27 +360,38 @@ class loader {
 
   /// Starts an epoch (stopping an unfinished one) and waits for its first batch.
   iterator begin() {
+    wait_ = {};
+    const waiting timed(wait_);
     stop();
     order_ = indices();
     pass_epoch_ = epoch_;
     batches_ = size();
     delivered_ = 0;
     stop_ = false;
+    abort_.store(false, std::memory_order_relaxed);
     active_ = true;
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) cuda_.consumer = locus::detail::current_stream_for(cuda_.device);
 #endif
     try {
+      start_helpers();
       worker_ = std::thread([this] { produce(); });
     } catch (const std::system_error& e) {  // no thread left: a locus::error like every failure
-      active_ = false;
-      throw error(std::string("locus: loader could not start its producer thread: ") + e.what() +
-                  "; lower the number of threads the process runs, or read the dataset without a loader");
+      stop();
+      throw error(std::string("locus: loader could not start its threads (") + std::to_string(options_.workers) +
+                  " worker" + (options_.workers == 1 ? "" : "s") + "): " + e.what() +
+                  "; use fewer workers, lower the number of threads the process runs, or read the dataset "
+                  "without a loader");
     }
-    advance();
+    next();
     return iterator(this);
   }
   sentinel end() const noexcept { return {}; }
+
+  /// Seconds the consumer spent blocked in begin() and the iterator's increments since
+  /// the last begin(), waiting for batches (see the header comment: Loader wait). Read
+  /// it on the consumer's thread.
+  [[nodiscard]] double wait_seconds() const noexcept { return std::chrono::duration<double>(wait_).count(); }
 
  private:
   // One prepared batch, or the error that ended the epoch.
@@ -340,7 +405,23 @@ class loader {
   };
 
   // ---- consumer side -------------------------------------------------------------
+  // Adds the time from its construction to its destruction to `total`.
+  struct waiting {
+    std::chrono::steady_clock::duration& total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    explicit waiting(std::chrono::steady_clock::duration& t) noexcept : total(t) {}
+    waiting(const waiting&) = delete;
+    waiting& operator=(const waiting&) = delete;
+    ~waiting() { total += std::chrono::steady_clock::now() - t0; }
+  };
+
+  // The iterator's increment: the next batch, its wait counted.
   void advance() {
+    const waiting timed(wait_);
+    next();
+  }
+
+  void next() {
     if constexpr (recycles) {  // the batch handed out before: kept for the producer to refill
       if (current_) {
         std::lock_guard lock(mutex_);
@@ -394,6 +475,7 @@ class loader {
   void finish_epoch() {
     active_ = false;
     join_worker();
+    stop_helpers();
   }
 
   // join() throws std::system_error only for a thread that cannot be joined (this one,
@@ -413,8 +495,10 @@ class loader {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
+    abort_.store(true, std::memory_order_relaxed);  // the workers leave a batch half done
     space_cv_.notify_all();
     join_worker();
+    stop_helpers();  // after the producer: nothing waits for them any more
 #if LOCUS_HAS_CUDA
     // Batches never handed out may still be being written by the side stream.
     if constexpr (is_cuda)
@@ -450,11 +534,13 @@ class loader {
         item it;
         if constexpr (!is_cuda) {
           it.b.emplace(make_filled<D>(first, count));
+          if (abort_.load(std::memory_order_relaxed)) return;  // stopped: the batch may be half filled
         } else {
 #if LOCUS_HAS_CUDA
           // At most `prefetch` staging batches under the copy engine, this one included.
           staging.retire(static_cast<std::size_t>(options_.prefetch) - 1);
           auto staged = make_filled<pinned>(first, count);
+          if (abort_.load(std::memory_order_relaxed)) return;  // stopped: the batch may be half filled
           const index_t f = static_cast<index_t>(source_->features());
           batch<cuda> b;
           {
@@ -541,20 +627,145 @@ class loader {
 #endif
 
   /// Positions [first, first + count) of this epoch's order, gathered on host
-  /// device H (cpu or pinned).
+  /// device H (cpu or pinned): by this thread alone with one worker, else by this
+  /// thread and the helpers (fill_in_parallel).
   template <class H>
   batch<H> make_filled(index_t first, index_t count) {
     const index_t f = static_cast<index_t>(source_->features());
     batch<H> b = fresh_batch<H>(count, f);
-    float* x = b.x.data_handle();
-    std::int64_t* y = b.y.data_handle();
-    for (index_t k = 0; k < count; ++k) {
-      const index_t i = order_[static_cast<std::size_t>(first + k)];
-      const std::span<float> sample(x + k * f, static_cast<std::size_t>(f));
-      y[k] = static_cast<std::int64_t>(source_->load(i, sample));
-      if (options_.transform) options_.transform(sample, sample_key{options_.seed, pass_epoch_, i});
+    const fill_job job{b.x.data_handle(), b.y.data_handle(), first, count, f};
+    if (helpers_.empty()) {
+      for (index_t k = 0; k < count; ++k) fill_sample(job, k);
+    } else {
+      fill_in_parallel(job);
     }
     return b;
+  }
+
+  // ---- workers ------------------------------------------------------------------------
+  // One batch to fill: rows x[k * f, (k + 1) * f) and y[k] for positions k of [0, count),
+  // which are positions first + k of the epoch's order.
+  struct fill_job {
+    float* x = nullptr;
+    std::int64_t* y = nullptr;
+    index_t first = 0, count = 0, f = 0;
+  };
+
+  /// Position k of the job: load and transform (the one place a sample is made, so
+  /// every worker count gives the same bits).
+  void fill_sample(const fill_job& job, index_t k) const {
+    const index_t i = order_[static_cast<std::size_t>(job.first + k)];
+    const std::span<float> sample(job.x + k * job.f, static_cast<std::size_t>(job.f));
+    job.y[k] = static_cast<std::int64_t>(source_->load(i, sample));
+    if (options_.transform) options_.transform(sample, sample_key{options_.seed, pass_epoch_, i});
+  }
+
+  /// The producer's side of a batch with helpers: publishes it, fills chunks with them,
+  /// waits until every helper has left it, then raises the failure at the lowest
+  /// position, if any (the one a single worker would have met first).
+  void fill_in_parallel(const fill_job& job) {
+    {
+      std::lock_guard lock(pool_mutex_);
+      job_ = job;
+      // About 8 chunks per worker: small enough to even out threads the step's OpenMP
+      // team slows down, large enough that the counter is not contended.
+      chunk_ = std::max<index_t>(1, job.count / (8 * static_cast<index_t>(options_.workers)));
+      next_chunk_.store(0, std::memory_order_relaxed);
+      failed_.store(false, std::memory_order_relaxed);
+      failure_ = nullptr;
+      failure_at_ = job.count;
+      busy_ = static_cast<int>(helpers_.size());
+      ++generation_;
+    }
+    job_cv_.notify_all();
+    fill_chunks(job);
+    std::exception_ptr failure;
+    {
+      std::unique_lock lock(pool_mutex_);
+      done_cv_.wait(lock, [&] { return busy_ == 0; });
+      failure = std::exchange(failure_, nullptr);
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  /// Claims chunks of the job until none is left, a worker has failed, or the loader
+  /// stops. A claimed chunk is finished (or failed): every chunk before a failing one
+  /// has been claimed, so the failure at the lowest position is always found.
+  void fill_chunks(const fill_job& job) noexcept {
+    for (;;) {
+      if (failed_.load(std::memory_order_relaxed) || abort_.load(std::memory_order_relaxed)) return;
+      const index_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+      const index_t begin = c * chunk_;
+      if (begin >= job.count) return;
+      const index_t end = std::min(job.count, begin + chunk_);
+      for (index_t k = begin; k < end; ++k) {
+        if (abort_.load(std::memory_order_relaxed)) return;
+        try {
+          fill_sample(job, k);
+        } catch (...) {
+          std::lock_guard lock(pool_mutex_);
+          if (k < failure_at_) {
+            failure_at_ = k;
+            failure_ = std::current_exception();
+          }
+          failed_.store(true, std::memory_order_relaxed);
+          return;
+        }
+      }
+    }
+  }
+
+  /// A helper thread: each batch the producer publishes, until stop_helpers().
+  void help() noexcept {
+    std::uint64_t seen = 0;
+    for (;;) {
+      fill_job job;
+      {
+        std::unique_lock lock(pool_mutex_);
+        job_cv_.wait(lock, [&] { return pool_stop_ || generation_ != seen; });
+        if (pool_stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      fill_chunks(job);
+      bool last = false;
+      {
+        std::lock_guard lock(pool_mutex_);
+        last = --busy_ == 0;
+      }
+      if (last) done_cv_.notify_one();
+    }
+  }
+
+  /// The epoch's workers - 1 helpers (none for one worker). Throws std::system_error
+  /// when a thread cannot be started (begin() stops those that were).
+  void start_helpers() {
+    {
+      std::lock_guard lock(pool_mutex_);
+      pool_stop_ = false;
+      generation_ = 0;
+      busy_ = 0;
+    }
+    helpers_.reserve(static_cast<std::size_t>(options_.workers - 1));
+    for (int w = 1; w < options_.workers; ++w) helpers_.emplace_back([this] { help(); });
+  }
+
+  // Only once the producer has left: then no batch is being filled and none will be.
+  void stop_helpers() noexcept {
+    if (helpers_.empty()) return;
+    {
+      std::lock_guard lock(pool_mutex_);
+      pool_stop_ = true;
+    }
+    job_cv_.notify_all();
+    for (auto& h : helpers_) {
+      try {
+        if (h.joinable()) h.join();
+      } catch (...) {  // as join_worker: cannot happen for a helper told to stop
+        if (h.joinable()) h.detach();
+      }
+    }
+    helpers_.clear();
   }
 
   /// A batch of `count` rows to fill: on cpu a spare one of that shape when the consumer
@@ -594,6 +805,22 @@ class loader {
   std::deque<item> queue_;
   bool stop_ = false;
   std::thread worker_;
+  std::atomic<bool> abort_{false};  // stop(): the workers leave the batch they fill
+  std::chrono::steady_clock::duration wait_{};  // consumer's: see wait_seconds()
+
+  // the helpers of the epoch (workers - 1 of them) and the batch they fill
+  std::vector<std::thread> helpers_;
+  std::mutex pool_mutex_;
+  std::condition_variable job_cv_, done_cv_;
+  fill_job job_;                     // guarded by pool_mutex_, as the next four
+  std::uint64_t generation_ = 0;     // batches published this epoch
+  int busy_ = 0;                     // helpers not yet done with the current batch
+  bool pool_stop_ = false;
+  std::exception_ptr failure_;       // the failure at the lowest position, failure_at_
+  index_t failure_at_ = 0;
+  index_t chunk_ = 1;                // positions per claim; written before publishing
+  std::atomic<index_t> next_chunk_{0};
+  std::atomic<bool> failed_{false};
 
 #if LOCUS_HAS_CUDA
   struct cuda_parts {
@@ -678,6 +905,12 @@ class image_loader {
   sentinel end() const noexcept { return {}; }
   void set_epoch(std::uint64_t e) { l_->set_epoch(e); }
   [[nodiscard]] index_t size() const { return l_->size(); }
+  /// The loader's wait_seconds(): the consumer's time blocked waiting for batches.
+  [[nodiscard]] double wait_seconds() const
+    requires requires(const Loader& l) { l.wait_seconds(); }
+  {
+    return l_->wait_seconds();
+  }
   [[nodiscard]] Loader& rows() noexcept { return *l_; }
 
  private:

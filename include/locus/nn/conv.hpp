@@ -343,6 +343,11 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
   static constexpr bool is_activation = false;
   static constexpr std::size_t input_rank = 4, output_rank = 4;
   static constexpr const char* layer_name = "conv2d";
+  /// The same layer (configuration, not parameters) on device D2: sequential::to<D2>().
+  template <Device D2>
+  [[nodiscard]] conv2d<D2, Policy> on() const {
+    return conv2d<D2, Policy>(in_, out_, k_, o_);
+  }
 
   conv2d(index_t in_channels, index_t out_channels, index_t kernel_size, conv2d_options o = {})
       : in_(in_channels), out_(out_channels), k_(kernel_size), o_(o) {
@@ -864,6 +869,11 @@ class max_pool2d : public detail::window_pool<max_pool2d<D, Policy>, D, Policy> 
   explicit max_pool2d(index_t kernel_size, pool2d_options o = {}) : base(kernel_size, o.stride, o.padding) {
     this->validate();
   }
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] max_pool2d<D2, Policy> on() const {
+    return max_pool2d<D2, Policy>(this->g_.k, pool2d_options{.stride = this->g_.stride, .padding = this->g_.pad});
+  }
   [[nodiscard]] std::string describe() const { return this->window_text("max_pool2d") + ")"; }
 
   view forward(const view& x) {
@@ -940,6 +950,12 @@ class avg_pool2d : public detail::window_pool<avg_pool2d<D, Policy>, D, Policy> 
       : base(kernel_size, o.stride, o.padding), include_pad_(o.count_include_pad) {
     this->validate();
   }
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] avg_pool2d<D2, Policy> on() const {
+    return avg_pool2d<D2, Policy>(
+        this->g_.k, avg_pool2d_options{.stride = this->g_.stride, .padding = this->g_.pad, .count_include_pad = include_pad_});
+  }
   [[nodiscard]] std::string describe() const {
     return this->window_text("avg_pool2d") + (include_pad_ ? ")" : ", count_include_pad=false)");
   }
@@ -1008,6 +1024,11 @@ class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Poli
       throw shape_error("locus: " + describe() + ": needs a positive output size below 2^63 - 1");
   }
   explicit adaptive_avg_pool2d(index_t out) : adaptive_avg_pool2d(out, out) {}
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] adaptive_avg_pool2d<D2, Policy> on() const {
+    return adaptive_avg_pool2d<D2, Policy>(ho_, wo_);
+  }
   [[nodiscard]] std::string describe() const {
     return "adaptive_avg_pool2d(" + std::to_string(ho_) + (ho_ == wo_ ? "" : ", " + std::to_string(wo_)) + ")";
   }
@@ -1080,6 +1101,11 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
   static constexpr bool is_activation = false;
   static constexpr std::size_t input_rank = 4, output_rank = 2;
   static constexpr const char* layer_name = "flatten";
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] flatten<D2, Policy> on() const {
+    return flatten<D2, Policy>{};
+  }
 
   void declare(parameter_store<D, policy>&, const std::string&) {}
   void bind(parameter_store<D, policy>&) {}
@@ -1144,6 +1170,12 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
   static constexpr bool is_activation = false;
   static constexpr std::size_t input_rank = 4, output_rank = 4;
   static constexpr const char* layer_name = "batch_norm2d";
+  /// The same layer (configuration; the running statistics are buffers, which
+  /// sequential::to<D2>() copies) on device D2.
+  template <Device D2>
+  [[nodiscard]] batch_norm2d<D2, Policy> on() const {
+    return batch_norm2d<D2, Policy>(c_, o_);
+  }
   /// sequential runs a relu that follows inside this layer's passes (has_hooks() off).
   static constexpr bool fuses_relu = true;
 
@@ -1337,6 +1369,11 @@ class layer_norm : public detail::hooks<D, typename locus::detail::checked_polic
   static constexpr bool is_activation = false;
   static constexpr std::size_t input_rank = 0, output_rank = 0;  // any rank, kept
   static constexpr const char* layer_name = "layer_norm";
+  /// The same layer (configuration, not parameters) on device D2: sequential::to<D2>().
+  template <Device D2>
+  [[nodiscard]] layer_norm<D2, Policy> on() const {
+    return layer_norm<D2, Policy>(f_, o_);
+  }
 
   explicit layer_norm(index_t features, layer_norm_options o = {}) : f_(features), o_(o) {
     if (f_ <= 0) throw shape_error("locus: " + describe() + ": needs a positive feature count");

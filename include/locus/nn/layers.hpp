@@ -187,6 +187,11 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
   /// The output width for an input width (-1: not known before the first batch).
   [[nodiscard]] index_t output_width(index_t in) const { return in < 0 ? out_ : output_features(in); }
   [[nodiscard]] index_t parameter_count() const noexcept { return out_ * in_ + (bias_ ? out_ : 0); }
+  /// The same layer (configuration, not parameters) on device D2: sequential::to<D2>().
+  template <Device D2>
+  [[nodiscard]] linear<D2, Policy> on() const {
+    return linear<D2, Policy>(in_, out_, bias_ ? bias::with : bias::without);
+  }
 
   void declare(parameter_store<D, policy>& s, const std::string& prefix) {
     w_ = s.add(prefix + "weight", {out_, in_});
@@ -384,16 +389,51 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
 
 /// max(x, 0)
 template <Device D, class Policy>
-class relu : public detail::activation_layer<D, Policy, detail::act_kind::relu> {};
+class relu : public detail::activation_layer<D, Policy, detail::act_kind::relu> {
+ public:
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] relu<D2, Policy> on() const {
+    return {};
+  }
+};
 /// GELU; exact (erf) by default, or the tanh approximation (PyTorch's approximate="tanh").
 template <Device D, class Policy>
-class gelu : public detail::activation_layer<D, Policy, detail::act_kind::gelu> {};
+class gelu : public detail::activation_layer<D, Policy, detail::act_kind::gelu> {
+ public:
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] gelu<D2, Policy> on() const {
+    return {};
+  }
+};
 template <Device D, class Policy>
-class gelu_tanh : public detail::activation_layer<D, Policy, detail::act_kind::gelu_tanh> {};
+class gelu_tanh : public detail::activation_layer<D, Policy, detail::act_kind::gelu_tanh> {
+ public:
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] gelu_tanh<D2, Policy> on() const {
+    return {};
+  }
+};
 template <Device D, class Policy>
-class tanh : public detail::activation_layer<D, Policy, detail::act_kind::tanh> {};
+class tanh : public detail::activation_layer<D, Policy, detail::act_kind::tanh> {
+ public:
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] tanh<D2, Policy> on() const {
+    return {};
+  }
+};
 template <Device D, class Policy>
-class sigmoid : public detail::activation_layer<D, Policy, detail::act_kind::sigmoid> {};
+class sigmoid : public detail::activation_layer<D, Policy, detail::act_kind::sigmoid> {
+ public:
+  /// The same layer on device D2 (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] sigmoid<D2, Policy> on() const {
+    return {};
+  }
+};
 
 /// Dropout with probability p (training forward only; inference is the identity), on
 /// activations of any rank (element-wise, as PyTorch's nn.Dropout; after a convolution
@@ -442,6 +482,14 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
   /// keeps every rank at 0).
   void set_rank_stream(std::uint64_t rank) noexcept { rank_ = rank; }
   [[nodiscard]] std::uint64_t rank_stream() const noexcept { return rank_; }
+  /// The same layer on device D2, its stream where this one's is (sequential::to<D2>()).
+  template <Device D2>
+  [[nodiscard]] dropout<D2, Policy> on() const {
+    dropout<D2, Policy> d(p_, seed_);
+    d.set_counter(counter_);
+    d.set_rank_stream(rank_);
+    return d;
+  }
 
   template <std::size_t R>
   view_of<R> forward(const view_of<R>& x) {
@@ -646,6 +694,8 @@ class sequential {
     return *this;
   }
   sequential(const sequential&) = delete;
+  template <class...>
+  friend class sequential;  // to<D2>() sets the moved model's store and seed
   sequential& operator=(const sequential&) = delete;
 
   /// Re-draws every parameter as PyTorch initialises it, from Philox(seed), and resets
@@ -711,6 +761,39 @@ class sequential {
   /// Every dropout layer draws rank `rank`'s stream (dropout::set_rank_stream).
   void set_dropout_rank(std::uint64_t rank) noexcept {
     std::apply([&](auto&... l) { (set_rank_of(l, rank), ...); }, layers_);
+  }
+
+  /// This model on device D2 (PyTorch's model.to(device)): the same layers, with its
+  /// parameters (master weights, then the compute copy made from them), its buffers
+  /// (batch norm's running statistics and counts), its seed and its dropout streams.
+  /// Blocking, like to<D2>() of a tensor; the model itself is unchanged. A model for
+  /// cuda is built on the current GPU (locus::device_guard g(1); auto m1 = m.to<cuda>();
+  /// for GPU 1). Hooks are not carried: they were written for views of this device.
+  /// An optimizer, grad scaler and trainer belong to the model they were built for:
+  /// build new ones for the moved model (its optimizer state starts fresh; a checkpoint
+  /// carries the state across devices).
+  template <Device D2>
+  [[nodiscard]] sequential<decltype(std::declval<const Layers&>().template on<D2>())...> to() const {
+    using moved = sequential<decltype(std::declval<const Layers&>().template on<D2>())...>;
+    moved out = std::apply([](const auto&... l) { return moved(l.template on<D2>()...); }, layers_);
+    ::locus::copy(store_.master(), out.store_.master());
+    out.store_.sync_compute();
+    out.for_each_buffer([&](const std::string& name, auto dst) {
+      bool copied = false;
+      for_each_buffer([&](const std::string& source_name, auto src) {
+        if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(src)>::value_type,
+                                     typename std::remove_cvref_t<decltype(dst)>::value_type>) {
+          if (!copied && source_name == name) {
+            ::locus::copy(src, dst);
+            copied = true;
+          }
+        }
+      });
+      if (!copied) throw ::locus::error("locus: sequential::to found no buffer '" + name + "' to copy (a layer's on<D2>() "
+                                        "changed its buffers)");
+    });
+    out.seed_ = seed_;
+    return out;
   }
 
   store_type& parameters() & noexcept { return store_; }

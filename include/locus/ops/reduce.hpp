@@ -413,6 +413,7 @@ __global__ void __launch_bounds__(512) block_kernel(F f) {
 template <class F>
 void launch_blocks(dim3 grid, dim3 block, const F& f) {
   if (grid.x == 0 || grid.y == 0) return;
+  check_kernel_image();
   block_kernel<F><<<grid, block, 0, current_stream()>>>(f);
   LOCUS_CUDA_CHECK(cudaGetLastError());
 }

@@ -73,6 +73,7 @@
 #include "../amp/grad_scaler.hpp"
 #include "../amp/policy.hpp"
 #include "../core/error.hpp"
+#include "../core/preflight.hpp"
 #include "../memory/allocator.hpp"
 #include "../nn/kernels.hpp"
 #include "../nn/layers.hpp"
@@ -116,6 +117,9 @@ struct progress {
   double samples_per_s = 0.0;
   double seconds = 0.0;      ///< since the epoch began
   bool last = false;         ///< the epoch's final call
+  /// Of `seconds`, the time spent waiting for the loader's batches (its
+  /// wait_seconds(); 0 for a range of batches without one).
+  double loader_wait_seconds = 0.0;
 };
 
 struct options {
@@ -143,6 +147,11 @@ struct metrics {
   double loss = 0.0;           ///< mean loss over the samples counted
   double accuracy = 0.0;       ///< evaluate(): fraction of correct predictions
   double samples_per_s = 0.0;  ///< train_epoch(): training throughput
+  /// train_epoch(): of `seconds`, the time the step waited for the loader's batches
+  /// (data::loader::wait_seconds(); 0 for a range of batches without it). Near 0: the
+  /// loader keeps ahead; a large share of the epoch: the data is the bottleneck (more
+  /// loader_options::workers).
+  double loader_wait_seconds = 0.0;
   std::size_t peak_bytes = 0;  ///< peak memory of the model's device (memory_stats)
   std::int64_t samples = 0;
   std::int64_t optimizer_steps = 0;
@@ -152,6 +161,7 @@ struct metrics {
 /// An epoch's progress as one terminal line, redrawn in place (pass it as
 /// epoch_options::on_progress):
 ///   epoch 3 [######..............] 78/234  loss 0.4123  41,200/s  1.2 s (2.4 s left)
+/// and, over a data::loader, the time waited for its batches: `  data wait 0.3 s`.
 /// It writes only when `out` is a terminal (unless `always`), so logs and pipes get
 /// nothing; each update erases the rest of the line, and the epoch's last call ends it.
 /// `scale` multiplies the samples/s (a data-parallel rank 0 showing the whole job's rate:
@@ -204,6 +214,10 @@ struct progress_bar {
                     p.seconds * static_cast<double>(p.batches - p.batch) / static_cast<double>(p.batch));
       s += buf;
     }
+    if (p.loader_wait_seconds > 0) {  // a loader's (nothing for a plain range of batches)
+      std::snprintf(buf, sizeof buf, "  data wait %.1f s", p.loader_wait_seconds);
+      s += buf;
+    }
     return s;
   }
 
@@ -226,6 +240,15 @@ struct epoch_options {
 namespace detail {
 using locus::detail::step_state;
 using optim::detail::step_vars;
+
+/// The loader's wait for data in the epoch so far (data::loader, data::images), or 0.
+template <class Loader>
+double loader_wait(const Loader& batches) {
+  if constexpr (requires { batches.wait_seconds(); })
+    return static_cast<double>(batches.wait_seconds());
+  else
+    return 0.0;
+}
 
 /// *acc += *v * w (one thread), noting the first micro-step whose loss was not finite;
 /// the micro-step from device memory in graph mode.
@@ -510,7 +533,7 @@ class trainer {
         loss_samples += r.samples;
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         on_progress({eo.epoch, count, total, loss_sum / static_cast<double>(loss_samples),
-                        dt > 0 ? static_cast<double>(samples) / dt : 0.0, dt});
+                     dt > 0 ? static_cast<double>(samples) / dt : 0.0, dt, false, detail::loader_wait(batches)});
       }
     }
     flush();
@@ -522,7 +545,8 @@ class trainer {
     r.samples = samples;
     r.seconds = dt;
     r.samples_per_s = dt > 0 ? static_cast<double>(samples) / dt : 0.0;
-    if (on_progress) on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt, true});
+    r.loader_wait_seconds = detail::loader_wait(batches);
+    if (on_progress) on_progress({eo.epoch, count, total, r.loss, r.samples_per_s, dt, true, r.loader_wait_seconds});
     ++epochs_done_;
     return r;
   }
@@ -562,6 +586,10 @@ class trainer {
 
   Model& model() noexcept { return *model_; }
   Optimizer& optimizer() noexcept { return *opt_; }
+  /// On cuda, what the constructor's preflight of the model's GPU found that is not an
+  /// error (PTX JIT, an older minor driver, fp16 without tensor cores): print its notes.
+  /// Empty on host devices.
+  [[nodiscard]] const preflight_result& preflight() const noexcept { return preflight_; }
   const options& opts() const noexcept { return o_; }
   /// The learning-rate schedule from now on (optimizer steps count from 0).
   void set_schedule(optim::schedule s) { o_.schedule = std::move(s); }
@@ -668,6 +696,16 @@ class trainer {
       locus::detail::check_same_gpu<device>("the trainer (its model)", model_->parameters().master());
     }
   }
+  /// The model's GPU against this build and the policy's compute dtype (architectures,
+  /// bf16 on the card, the driver; core/preflight.hpp), before any step launches.
+  void run_preflight() {
+#if LOCUS_HAS_CUDA
+    if constexpr (std::is_same_v<typename device::allocator, locus::detail::cuda_allocator_kind>) {
+      const int m = model_->parameters().master().device_index();
+      preflight_ = locus::preflight<typename policy::compute>(m >= 0 ? m : -1);
+    }
+#endif
+  }
   template <class X, class Y>
   void check_gpu(const char* what, const X& x, const Y& y) const {
     if constexpr (std::is_same_v<typename device::allocator, locus::detail::cuda_allocator_kind>) {
@@ -731,6 +769,7 @@ class trainer {
     // gradients): refused here, before any step.
     check_bound(false);
     check_gpu_parts();
+    run_preflight();
     if (o_.cuda_graph) {
       // The unfused step takes the learning rate (adamw, sgd) and the guard's step
       // numbers as kernel arguments: a graph would bake in those of the captured step and
@@ -1377,6 +1416,7 @@ class trainer {
   std::vector<std::function<void()>> buffers_save_, buffers_restore_;
   std::vector<const void*> buffer_addrs_, buffer_addrs_now_;
   typename Model::store_type::grad_snapshot grad_saved_;
+  preflight_result preflight_;  // cuda: what the constructor's preflight noted
   tensor<C, device, 1> x_cast_;
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };
