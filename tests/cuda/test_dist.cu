@@ -63,6 +63,31 @@ TEST_CASE("dist on cuda: NCCL collectives over one rank leave the values and che
   c.barrier();
 }
 
+TEST_CASE("dist on cuda: a collective over a tensor of another GPU is a device_error before NCCL runs") {
+  dist::environment env;
+  dist::communicator<CU> c(env);
+  CHECK(c.device_index() == locus::current_device());
+  auto f = locus::to<CU>(locus::full<float, locus::cpu>({3, 4}, 1.5f));
+  const int other = c.device_index() + 1;
+  auto elsewhere = locus::detail::raw_view<CU>(f.data_handle(), f.shape(), other);  // claims another GPU
+  const auto refused = [&](auto&& call) {
+    try {
+      call();
+      FAIL("no device_error");
+    } catch (const locus::device_error& e) {
+      CHECK(e.first_gpu() == c.device_index());
+      CHECK(e.second_gpu() == other);
+    }
+  };
+  refused([&] { c.all_reduce(elsewhere); });
+  refused([&] { c.broadcast(elsewhere, 0); });
+  refused([&] { c.all_reduce_start(elsewhere); });
+  auto whole = locus::zeros<float, CU>({3, 4});
+  refused([&] { c.all_gather(elsewhere, whole); });
+  for (const double v : host(f)) CHECK(v == 1.5);  // nothing ran
+  c.all_reduce(f);  // its own GPU's tensor: fine
+}
+
 TEST_CASE("dist on cuda: data_parallel over one NCCL rank trains bit for bit as the plain trainer") {
   using P = locus::amp::bf16_mixed;
   auto make = [] {

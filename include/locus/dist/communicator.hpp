@@ -507,6 +507,7 @@ class communicator {
       if (size_ > 1)
         detail::mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_), "MPI_Bcast (the NCCL unique id)");
 #endif
+      gpu_ = locus::detail::current_device();  // NCCL binds the communicator to it
       detail::nccl_check(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
 #else
       static_assert(locus::detail::always_false<D>,
@@ -536,6 +537,26 @@ class communicator {
   [[nodiscard]] int world_size() const noexcept { return size_; }
   [[nodiscard]] bool is_root() const noexcept { return rank_ == 0; }
   [[nodiscard]] const environment& env() const noexcept { return *env_; }
+  /// communicator<cuda>: the GPU it was made on (current at construction), where NCCL
+  /// runs its collectives; every tensor it reduces must live there and that GPU must be
+  /// current (device_error otherwise, before any rank waits). -1 on host devices.
+  [[nodiscard]] int device_index() const noexcept { return gpu_; }
+
+ private:
+  // communicator<cuda>: the tensors and the current GPU are the communicator's GPU.
+  template <class... V>
+  void check_gpu(const char* what, const V&... vs) const {
+    if constexpr (nccl) {
+      locus::detail::gpu_seen seen;
+      seen.add(gpu_);
+      (seen.add(vs.device_index()), ...);
+      locus::detail::check_gpus<D>(what, seen);
+    } else {
+      (void)what, ((void)vs, ...);
+    }
+  }
+
+ public:
 
   /// x = the sum (or mean) of x over the ranks, on every rank. Element counts must agree
   /// (shape_error on every rank otherwise).
@@ -548,6 +569,7 @@ class communicator {
                   detail::require_writable_destination<X>("all_reduce") &&
                   detail::require_reducible<T, nccl>()) {
       auto v = locus::detail::as_view(x);
+      check_gpu("all_reduce", v);
       if (size_ == 1 && !nccl) return;
       agree_on_count("all_reduce", static_cast<std::int64_t>(v.numel()));
       with_contiguous(v, [&](T* p, std::size_t n) { reduce_raw(p, n, op); });
@@ -564,6 +586,7 @@ class communicator {
                   detail::require_writable_destination<X>("broadcast")) {
       check_root(root);
       auto v = locus::detail::as_view(x);
+      check_gpu("broadcast", v);
       if (size_ == 1 && !nccl) return;
       agree_on_count("broadcast", static_cast<std::int64_t>(v.numel()), root);
       with_contiguous(v, [&](T* p, std::size_t n) { broadcast_raw(p, n, root); });
@@ -593,6 +616,7 @@ class communicator {
         else return given;
       }();
       auto ov = locus::detail::as_view(out);
+      check_gpu("all_gather", iv, ov);
       auto want = iv.shape();
       want[0] *= size_;
       const bool shape_ok = ov.shape() == want;
@@ -624,6 +648,7 @@ class communicator {
                   detail::require_writable_destination<X>("all_reduce_start") &&
                   detail::require_reducible<T, nccl>()) {
       const auto v = locus::detail::as_view(x);
+      check_gpu("all_reduce_start", v);
       if (v.numel() == 0) return;
       // checked in a world of one too, so that a program fails the same way on any count
       if (!v.is_contiguous())
@@ -857,6 +882,7 @@ class communicator {
 
   const environment* env_ = nullptr;
   int rank_ = 0, size_ = 1;
+  int gpu_ = -1;  // communicator<cuda>: the GPU NCCL runs on (device_index())
 #if LOCUS_DIST_MPI
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Request> pending_;         // all_reduce_start's, until wait()
