@@ -191,7 +191,7 @@ TEST_CASE("a trainer checkpoint with a flipped exponent bit in a weight is refus
   fs::remove(path);
 }
 
-TEST_CASE("files without checksums load unverified; malformed checksum metadata is corrupt") {
+TEST_CASE("files without checksums load unverified, and malformed checksum metadata is corrupt") {
   const auto path = temp_file("meta.safetensors");
   locus::io::writer w;
   w.add("a", locus::randn<float, locus::cpu>({4}, 3));

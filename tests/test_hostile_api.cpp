@@ -161,7 +161,7 @@ TEST_CASE("hostile dist: collectives on rank-0 (scalar) tensors work in a world 
   CHECK(two(1) == -1.0f);
 }
 
-TEST_CASE("hostile dist: all_reduce_start takes a tensor or view of any rank; a strided one is a value_error") {
+TEST_CASE("hostile dist: all_reduce_start takes a tensor or view of any rank, and a strided one is a value_error") {
   locus::dist::environment env;
   locus::dist::communicator<locus::cpu> comm(env);
   auto m = locus::full<float, locus::cpu>({2, 3}, 1.5f);

@@ -230,7 +230,7 @@ TEST_CASE("hostile rand: ulp_step and the range ends equal std::nextafter and th
   CHECK(locus::detail::finite_max<locus::bf16>() == 0x1.fep127);
 }
 
-TEST_CASE("hostile init: parameter initialisation draws stay in [lo, hi) after rounding to f32") {
+TEST_CASE("hostile init: parameter initialisation draws stay at or above lo and below hi after rounding to f32") {
   // [1 - 2^-23, 1 - 2^-30): f32 holds 1 - 2^-23 and 1 - 2^-24 there; the f64 draws above
   // 1 - 2^-25 (a quarter of them) round to 1.0, beyond hi, unless kept inside
   const double lo = 1.0 - 0x1p-23, hi = 1.0 - 0x1p-30;

@@ -158,7 +158,7 @@ TEST_CASE("dist: the world is the launcher's (2 ranks), ranks distinct") {
   CHECK(c.max(static_cast<double>(c.rank())) == 1.0);
 }
 
-TEST_CASE("dist: all_reduce sum and average of f32, f64, i32, i64; strided views; empty tensors") {
+TEST_CASE("dist: all_reduce sum and average of f32, f64, i32, i64, strided views, empty tensors") {
   auto& c = world();
   const int r = c.rank();
   auto f = locus::zeros<float, cpu>({3, 4});
@@ -268,7 +268,7 @@ TEST_CASE("dist: broadcast from either root, all_gather in rank order, barrier")
   c.barrier();
 }
 
-TEST_CASE("data_parallel: ranks seeded differently start equal and stay bit-identical; 2 x B equals 1 x 2B") {
+TEST_CASE("data_parallel: ranks seeded differently start equal and stay bit-identical, and 2 x B equals 1 x 2B") {
   auto& c = world();
   const int r = c.rank();
   constexpr index_t B = 16;
@@ -427,7 +427,7 @@ TEST_CASE("data_parallel: gradient accumulation communicates only on the optimiz
   CHECK(bit_identical_across_ranks(std::as_const(model.parameters()).master()));
 }
 
-TEST_CASE("data_parallel: a NaN on one rank only: the grad scaler skips the step on every rank; the fp32 guard stops every rank") {
+TEST_CASE("data_parallel: a NaN on one rank only: the grad scaler skips the step on every rank, and the fp32 guard stops every rank") {
   auto& c = world();
   const int r = c.rank();
   {
@@ -677,7 +677,7 @@ int main(int argc, char** argv) {
   return failed ? 1 : 0;
 }
 
-TEST_CASE("data_parallel: each rank draws its own dropout masks by default; the option keeps rank 0's everywhere") {
+TEST_CASE("data_parallel: each rank draws its own dropout masks by default, and the option keeps rank 0's everywhere") {
   auto& c = world();
   const int r = c.rank();
   const auto x = locus::ones<float, cpu>({16, 20});

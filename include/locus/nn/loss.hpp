@@ -22,6 +22,7 @@
 #include "../amp/policy.hpp"
 #include "../core/error.hpp"
 #include "../ops/reduce.hpp"
+#include "../tensor/factories.hpp"
 #include "../transfer/copy.hpp"
 #include "kernels.hpp"
 

@@ -1,0 +1,417 @@
+// locus::ag: reverse-mode automatic differentiation over typed values.
+//
+//   locus::ag::tape<float, locus::cpu> t;
+//   auto x = t.constant(batch.view());           // no gradient
+//   auto w = t.leaf(weights.view());             // a gradient is computed for it
+//   auto loss = locus::ag::mean(locus::ag::relu(locus::ag::matmul(x, w)));
+//   t.backward(loss);                            // loss must be rank 0 (compile time)
+//   auto gw = t.grad(w);                         // dL/dw, a view on the tape's device
+//   t.reset();                                   // the next step reuses every buffer
+//
+// A value, ag::var<T, D, R>, is a view of a result plus its place on a tape; its device,
+// dtype and rank are in its type exactly as a tensor's are, so two devices or two dtypes
+// in one operation, or backward() on anything but a rank-0 loss, are compile errors with
+// a `locus:` first line. What only the run can know is a typed error before anything
+// changes: a value of another tape or of an earlier step (the tape was reset since),
+// backward twice over one step, shapes that do not match (naming both).
+//
+// How the tape works. Each operation appends one entry: an output slot (its value
+// buffer, and a gradient buffer made at backward when a gradient flows into it) and a
+// node that knows its inputs' slots and computes their gradient contributions from its
+// output's gradient. backward() seeds the loss's gradient with 1, runs the nodes from
+// the last to the first, and each node adds into its inputs' gradient buffers: the first
+// contribution to a buffer overwrites it (no memset), later ones add. A node whose
+// output received no gradient, or whose inputs need none, does nothing. Fused operations
+// (linear with its activation, log-softmax with the loss) are one node each, with the
+// hand-written backward locus's layers use: the tape records operations, it does not
+// choose kernels.
+//
+// Steady state. reset() keeps every slot's buffers and every node object: the next step
+// at the same shapes reuses them by position (a node is reused when the operation at
+// that position is of the same kind), so a training step at an unchanged shape allocates
+// nothing on the tape. A value's view points into its slot's buffer: it is valid until
+// the tape is reset (an operation on a value of an earlier step is refused by the
+// step's generation number, which every value carries).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/rules.hpp"
+#include "../core/shape.hpp"
+#include "../ops/expr.hpp"
+#include "../tensor/factories.hpp"
+#include "../tensor/tensor.hpp"
+
+namespace locus {
+
+/// A misuse of the tape that only the run can see: backward twice over one step, a
+/// value of another tape or of an earlier step. Raised before anything changes.
+class autograd_error : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace locus
+
+namespace locus::ag {
+
+template <class T, Device D>
+class tape;
+
+namespace detail {
+struct access;
+
+// Prevents: backward() from a value that is not a scalar loss (PyTorch: "grad can be
+// implicitly created only for scalar outputs", at run time).
+template <std::size_t R>
+constexpr bool require_scalar_loss() {
+  if constexpr (R == 1) {
+    static_assert(R == 0, "locus: backward() needs a scalar (rank-0) loss, but this value has rank 1; reduce it "
+                          "first: locus::ag::mean(v) or locus::ag::sum(v)");
+  } else if constexpr (R == 2) {
+    static_assert(R == 0, "locus: backward() needs a scalar (rank-0) loss, but this value has rank 2; reduce it "
+                          "first: locus::ag::mean(v) or locus::ag::sum(v)");
+  } else if constexpr (R == 3) {
+    static_assert(R == 0, "locus: backward() needs a scalar (rank-0) loss, but this value has rank 3; reduce it "
+                          "first: locus::ag::mean(v) or locus::ag::sum(v)");
+  } else if constexpr (R >= 4) {
+    static_assert(R == 0, "locus: backward() needs a scalar (rank-0) loss, but this value has rank 4 or more; "
+                          "reduce it first: locus::ag::mean(v) or locus::ag::sum(v)");
+  }
+  return R == 0;
+}
+
+// Prevents: a tape over a dtype that has no gradient (integers, bool).
+template <class T>
+constexpr bool require_differentiable_dtype() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, ::locus::bf16> ||
+                    std::is_same_v<T, ::locus::f16>,
+                "locus: a tape differentiates f32, f64, bf16 or f16 values; integer and bool tensors have no "
+                "gradient (pass them to the operations that take them, e.g. the labels of ag::cross_entropy)");
+  return true;
+}
+}  // namespace detail
+
+/// A differentiable value: a view of a result of dtype T, rank R on device D, and its
+/// place on a tape (see the header). Cheap to copy; valid until its tape is reset.
+template <class T, class D, std::size_t R>
+class var {
+ public:
+  using value_type = T;
+  using device = D;
+  static constexpr std::size_t rank = R;
+
+  var() = default;
+
+  /// The value (a view into the tape's buffer, or of the tensor given to constant/leaf).
+  [[nodiscard]] tensor_view<const T, D, R> value() const noexcept { return value_; }
+  [[nodiscard]] extents<R> shape() const noexcept { return value_.shape(); }
+  [[nodiscard]] index_t numel() const noexcept { return value_.numel(); }
+  /// Whether backward computes a gradient for it (a leaf, or a result of one).
+  [[nodiscard]] bool requires_grad() const noexcept { return requires_grad_; }
+  /// The GPU its value lives on (-1 on host devices).
+  [[nodiscard]] int device_index() const noexcept { return value_.device_index(); }
+  /// The tape it belongs to (nullptr for a default-constructed value).
+  [[nodiscard]] const tape<T, D>* owner() const noexcept { return tape_; }
+
+ private:
+  friend struct detail::access;
+  tape<T, D>* tape_ = nullptr;
+  std::uint32_t id_ = 0;
+  std::uint64_t generation_ = 0;
+  bool requires_grad_ = false;
+  tensor_view<const T, D, R> value_;
+};
+
+template <class X>
+inline constexpr bool is_var_v = false;
+template <class T, class D, std::size_t R>
+inline constexpr bool is_var_v<var<T, D, R>> = true;
+
+/// One recorded operation: computes its inputs' gradient contributions from its
+/// output's gradient.
+template <class T, class D>
+struct node {
+  virtual ~node() = default;
+  virtual void backward(tape<T, D>& t) = 0;
+};
+
+namespace detail {
+/// What the operations reach inside a var and a tape (not for users).
+struct access {
+  template <class V>
+  static auto& tape_of(V& v) noexcept {
+    return v.tape_;
+  }
+  template <class V>
+  static std::uint32_t id(const V& v) noexcept {
+    return v.id_;
+  }
+  template <class V>
+  static std::uint64_t generation(const V& v) noexcept {
+    return v.generation_;
+  }
+  template <class T, class D, std::size_t R>
+  static var<T, D, R> make(tape<T, D>* t, std::uint32_t id, std::uint64_t gen, bool rg,
+                           tensor_view<const T, D, R> value) noexcept {
+    var<T, D, R> v;
+    v.tape_ = t;
+    v.id_ = id;
+    v.generation_ = gen;
+    v.requires_grad_ = rg;
+    v.value_ = value;
+    return v;
+  }
+};
+
+template <std::size_t R>
+std::string shape_text(const extents<R>& s) {
+  return ::locus::detail::shape_string(s);
+}
+}  // namespace detail
+
+/// The record of one forward pass (see the header). Not copyable or movable: values
+/// point at it. T is the compute dtype (a policy's `compute`), D the device.
+template <class T, Device D>
+class tape {
+  static_assert(detail::require_differentiable_dtype<T>());
+
+ public:
+  using value_type = T;
+  using device = D;
+
+  tape() = default;
+  tape(const tape&) = delete;
+  tape& operator=(const tape&) = delete;
+
+  /// A value that needs no gradient (a batch, a mask): x is used by reference and must
+  /// stay alive until backward.
+  template <std::size_t R>
+  var<T, D, R> constant(const tensor_view<const T, D, R>& x) {
+    return external(x, false);
+  }
+  template <std::size_t R>
+  var<T, D, R> constant(const tensor<T, D, R>& x) {
+    return external(x.view(), false);
+  }
+  template <std::size_t R>
+  var<T, D, R> constant(tensor<T, D, R>&& x) {
+    static_assert(::locus::detail::always_false_v<R>, "locus: tape.constant() of a temporary tensor would dangle: the tape reads it until "
+                              "backward, but it is freed at the end of the statement; keep it in a variable first: "
+                              "auto x = ...; then tape.constant(x)");
+    return external(x.view(), false);
+  }
+
+  /// A value whose gradient backward computes (read it with grad(v)): x is used by
+  /// reference and must stay alive until backward.
+  template <std::size_t R>
+  var<T, D, R> leaf(const tensor_view<const T, D, R>& x) {
+    return external(x, true);
+  }
+  template <std::size_t R>
+  var<T, D, R> leaf(const tensor<T, D, R>& x) {
+    return external(x.view(), true);
+  }
+  template <std::size_t R>
+  var<T, D, R> leaf(tensor<T, D, R>&& x) {
+    static_assert(::locus::detail::always_false_v<R>, "locus: tape.leaf() of a temporary tensor would dangle: the tape reads it until "
+                              "backward, but it is freed at the end of the statement; keep it in a variable first: "
+                              "auto x = ...; then tape.leaf(x)");
+    return external(x.view(), true);
+  }
+
+  /// Backpropagates from `loss` (rank 0: a compile error otherwise): every value that
+  /// requires a gradient gets dL/dvalue. Once per step: a second backward before
+  /// reset() is an autograd_error, as is a loss of another tape or an earlier step.
+  template <class V>
+    requires is_var_v<V>
+  void backward(const V& loss) {
+    if constexpr (detail::require_scalar_loss<V::rank>() && check_same_types<V>()) {
+      check_owned(loss, "backward", true);
+      if (done_)
+        throw autograd_error(
+            "locus: backward() was already run for this step of the tape; call tape.reset() and run the forward "
+            "again before the next backward (PyTorch: \"Trying to backward through the graph a second time\")");
+      done_ = true;
+      if (!loss.requires_grad()) return;  // nothing depends on a leaf: no gradient anywhere
+      auto [g, fresh] = grad_out<0>(detail::access::id(loss), extents<0>{});
+      (void)fresh;
+      ::locus::detail::launch_n<D>(1, ::locus::detail::fill_value<T>{g.data_handle(), ::locus::detail::scalar_cast<T>(1.0)});
+      for (std::size_t i = nodes_used_; i-- > 0;) nodes_[i]->backward(*this);
+      for (auto& h : after_backward_) h();
+    }
+  }
+
+  /// dL/dv after backward, of v's shape (zeros when no gradient reached it). An
+  /// autograd_error before backward, or for a value that does not require one.
+  template <std::size_t R>
+  tensor_view<const T, D, R> grad(const var<T, D, R>& v) {
+    check_owned(v, "grad", true);
+    if (!done_) throw autograd_error("locus: grad() before backward(); run tape.backward(loss) first");
+    if (!v.requires_grad())
+      throw autograd_error("locus: grad() of a value that requires no gradient (a constant, or computed from "
+                           "constants only); make it with tape.leaf(x) to get its gradient");
+    slot& s = slots_[detail::access::id(v)];
+    if (!s.grad_written) {
+      ensure(s.grad, s.numel);
+      ::locus::detail::launch_n<D>(s.grad.numel(),
+                                   ::locus::detail::fill_value<T>{s.grad.data_handle(), ::locus::detail::scalar_cast<T>(0.0)});
+      s.grad_written = true;
+    }
+    return {::locus::detail::raw_view_key{}, s.grad.data_handle(), v.shape(), s.grad.device_index()};
+  }
+
+  /// Forgets the step: values of it are refused from now on; buffers and nodes are
+  /// kept for the next step (no allocation at unchanged shapes).
+  void reset() noexcept {
+    ++generation_;
+    used_ = 0;
+    nodes_used_ = 0;
+    done_ = false;
+    after_backward_.clear();
+  }
+
+  /// Recorded operations and values of this step.
+  [[nodiscard]] std::size_t operations() const noexcept { return nodes_used_; }
+  [[nodiscard]] std::size_t values() const noexcept { return used_; }
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  [[nodiscard]] bool backward_done() const noexcept { return done_; }
+
+  // ---- for operations (ag/ops.hpp) and modules -------------------------------------
+  /// Refuses a value of another tape or an earlier step (what: the operation).
+  template <class V>
+  void check_owned(const V& v, const char* what, bool after_backward_ok = false) const {
+    const auto* owner = detail::access::tape_of(const_cast<V&>(v));
+    if (owner == nullptr)
+      throw autograd_error(std::string("locus: ") + what + " got an empty value (default-constructed); make values "
+                           "with a tape: tape.constant(x), tape.leaf(x), or an operation");
+    if (owner != this)
+      throw autograd_error(std::string("locus: ") + what + " got a value of another tape; one forward pass records "
+                           "on one tape");
+    if (detail::access::generation(v) != generation_)
+      throw autograd_error(std::string("locus: ") + what + " got a value of an earlier step: the tape was reset "
+                           "since (its memory is reused); compute it again in this step's forward");
+    if (done_ && !after_backward_ok)
+      throw autograd_error(std::string("locus: ") + what + " after backward() of this step; call tape.reset() "
+                           "before the next forward");
+  }
+
+  /// A new result of `shape`: its value buffer (reused from the last step at this
+  /// position) and whether it requires a gradient.
+  template <std::size_t R>
+  var<T, D, R> result(const extents<R>& shape, bool requires_grad) {
+    const index_t n = ::locus::detail::checked_numel(shape, sizeof(T));
+    slot& s = next_slot(n, requires_grad);
+    ensure(s.value, n);
+    const tensor_view<const T, D, R> v{::locus::detail::raw_view_key{}, s.value.data_handle(), shape,
+                                       s.value.device_index()};
+    return detail::access::make(this, static_cast<std::uint32_t>(used_ - 1), generation_, requires_grad, v);
+  }
+  /// A result whose memory the caller owns and keeps until reset (a view of an input,
+  /// a node's own buffer): no value buffer is made for it.
+  template <std::size_t R>
+  var<T, D, R> alias(const tensor_view<const T, D, R>& v, bool requires_grad) {
+    return external(v, requires_grad);
+  }
+  /// The value of a result as writable (the operation fills it).
+  template <std::size_t R>
+  tensor_view<T, D, R> writable(const var<T, D, R>& v) noexcept {
+    const auto c = v.value();
+    return {::locus::detail::raw_view_key{}, const_cast<T*>(c.data_handle()), c.shape(), c.device_index()};
+  }
+
+  /// The node of the operation being recorded, reused from the last step when the
+  /// operation at this position was of the same kind.
+  template <class N>
+  N& record() {
+    if (nodes_used_ < nodes_.size() && nodes_[nodes_used_] && typeid(*nodes_[nodes_used_]) == typeid(N)) {
+      return static_cast<N&>(*nodes_[nodes_used_++]);
+    }
+    if (nodes_used_ == nodes_.size()) nodes_.emplace_back();
+    nodes_[nodes_used_] = std::make_unique<N>();
+    return static_cast<N&>(*nodes_[nodes_used_++]);
+  }
+
+  /// The gradient that reached value `id` (a view of `shape`), or a null view when none
+  /// did (then the node has nothing to propagate).
+  template <std::size_t R>
+  tensor_view<const T, D, R> grad_in(std::uint32_t id, const extents<R>& shape) const noexcept {
+    const slot& s = slots_[id];
+    if (!s.grad_written) return {};
+    return {::locus::detail::raw_view_key{}, s.grad.data_handle(), shape, s.grad.device_index()};
+  }
+  /// Whether value `id` wants a gradient.
+  [[nodiscard]] bool wants_grad(std::uint32_t id) const noexcept { return slots_[id].requires_grad; }
+  /// Where a node writes its contribution to value `id`'s gradient, and true when it is
+  /// the first (then overwrite it: the buffer holds the last step's bits), false when it
+  /// must add. Either way the gradient counts as written afterwards.
+  template <std::size_t R>
+  std::pair<tensor_view<T, D, R>, bool> grad_out(std::uint32_t id, const extents<R>& shape) {
+    slot& s = slots_[id];
+    ensure(s.grad, s.numel);
+    const bool fresh = !s.grad_written;
+    s.grad_written = true;
+    return {{::locus::detail::raw_view_key{}, s.grad.data_handle(), shape, s.grad.device_index()}, fresh};
+  }
+  /// Runs `f` after the nodes of the next backward (modules move parameter gradients
+  /// into their store there). Cleared by reset().
+  void after_backward(std::function<void()> f) { after_backward_.push_back(std::move(f)); }
+
+ private:
+  struct slot {
+    tensor<T, D, 1> value, grad;
+    index_t numel = 0;
+    bool requires_grad = false;
+    bool grad_written = false;
+  };
+
+  template <class V>
+  static constexpr bool check_same_types() {
+    if constexpr (!::locus::detail::require_same_operand_device<typename V::device, D>()) return false;
+    else return ::locus::detail::require_same_operand_dtype<typename V::value_type, T>();
+  }
+
+  template <std::size_t R>
+  var<T, D, R> external(const tensor_view<const T, D, R>& x, bool requires_grad) {
+    slot& s = next_slot(x.numel(), requires_grad);
+    (void)s;
+    return detail::access::make(this, static_cast<std::uint32_t>(used_ - 1), generation_, requires_grad, x);
+  }
+
+  slot& next_slot(index_t numel, bool requires_grad) {
+    if (done_)
+      throw autograd_error("locus: an operation recorded after backward() of this step; call tape.reset() before the "
+                           "next forward");
+    if (used_ == slots_.size()) slots_.emplace_back();
+    slot& s = slots_[used_++];
+    s.numel = numel;
+    s.requires_grad = requires_grad;
+    s.grad_written = false;
+    return s;
+  }
+
+  static void ensure(tensor<T, D, 1>& t, index_t n) {
+    if (t.numel() < n || t.data_handle() == nullptr) {
+      t = tensor<T, D, 1>();
+      t = tensor<T, D, 1>(extents<1>{n > 0 ? n : 1});
+    }
+  }
+
+  std::vector<slot> slots_;
+  std::size_t used_ = 0;
+  std::vector<std::unique_ptr<node<T, D>>> nodes_;
+  std::size_t nodes_used_ = 0;
+  std::vector<std::function<void()>> after_backward_;
+  std::uint64_t generation_ = 1;
+  bool done_ = false;
+};
+
+}  // namespace locus::ag

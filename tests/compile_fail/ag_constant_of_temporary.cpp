@@ -1,0 +1,12 @@
+// expect: error: .*locus: tape.constant\(\) of a temporary tensor would dangle
+// Rule: the tape reads its inputs until backward; a temporary is freed before that.
+#include <locus/ag/tape.hpp>
+
+void f(locus::ag::tape<float, locus::cpu>& t) {
+#ifdef LOCUS_VIOLATION
+  (void)t.constant(locus::ones<float, locus::cpu>({2, 3}));
+#else
+  const auto x = locus::ones<float, locus::cpu>({2, 3});
+  (void)t.constant(x);
+#endif
+}
