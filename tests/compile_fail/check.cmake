@@ -7,6 +7,14 @@ endif()
 string(REGEX REPLACE "^// expect: " "" _regex "${_expect}")
 
 set(_args -std=c++20 -fsyntax-only)
+# `// flags: ...` adds compiler flags (e.g. -Werror=unused-result for a rule that is a
+# [[nodiscard]] warning, an error under -Werror).
+file(STRINGS "${SOURCE}" _flags REGEX "^// flags: " LIMIT_COUNT 1)
+if(_flags)
+  string(REGEX REPLACE "^// flags: " "" _flags "${_flags}")
+  separate_arguments(_flags UNIX_COMMAND "${_flags}")
+  list(APPEND _args ${_flags})
+endif()
 foreach(i IN LISTS INCLUDES)
   list(APPEND _args "-I${i}")
 endforeach()

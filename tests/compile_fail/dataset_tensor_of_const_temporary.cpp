@@ -1,4 +1,4 @@
-// expect: error: .*(deleted|x\(\) const&&)
+// expect: error: .*locus: x\(\) of a const temporary dataset would dangle
 // expect-also: locus: x\(\) of a const temporary dataset would dangle
 // Rule: no reference into a dataset destroyed at the end of the statement (a non-const
 // temporary's tensors are moved out instead).

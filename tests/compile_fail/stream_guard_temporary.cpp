@@ -1,14 +1,13 @@
-// expect: error: .*locus: stream_guard got a temporary stream .*; name the stream so that it outlives the guard: locus::stream s; locus::stream_guard g\(s\);
-// Rule: a guard keeps its stream current for its scope, so the stream must outlive it:
-// stream_guard g(stream{}) (PyTorch's `with torch.cuda.stream(torch.cuda.Stream()):`)
-// would leave a destroyed stream current.
-#include <locus/transfer/stream.hpp>
+// expect: error: ignoring .*locus: a stream_guard acts for its scope
+// flags: -Werror=unused-result -Werror=unused-value
+// Rule: a guard that is itself a temporary ends at the ';' and makes nothing current
+// for the lines after it (a [[nodiscard]] warning: an error under -Werror).
+#include <locus/locus.hpp>
 
-void f() {
+void f(const locus::stream& s) {
 #ifdef LOCUS_VIOLATION
-  locus::stream_guard g(locus::stream{});
+  locus::stream_guard{s};
 #else
-  locus::stream s;
-  locus::stream_guard g(s);
+  locus::stream_guard g{s};
 #endif
 }

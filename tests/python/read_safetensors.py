@@ -63,7 +63,8 @@ d = sys.argv[1]
 
 with safe_open(f"{d}/values.safetensors", framework="numpy") as f:
     meta = f.metadata()
-    assert {k: v for k, v in meta.items() if not k.startswith("locus.crc32c.")} == {"writer": "locus"}, meta
+    assert {k: v for k, v in meta.items()
+            if not k.startswith("locus.crc32c.") and k != "locus.header_crc32c"} == {"writer": "locus"}, meta
     assert sorted(f.keys()) == ["values.bf16", "values.f16", "values.f32", "values.i64"], list(f.keys())
     a = f.get_tensor("values.f32")
     assert a.dtype == np.float32 and a.shape == (3, 4), (a.dtype, a.shape)
@@ -109,7 +110,21 @@ def check_checksums(path):
         b, e = info["data_offsets"]
         got = "%08x" % crc32c.crc32c(data[b:e])
         assert got == sums[name], (path, name, got, sums[name])
-    return len(header)
+    # The header's CRC32C, as locus documents it: the other metadata sorted by key, then
+    # the tensors sorted by name as name, dtype and shape, each field ended by a NUL.
+    text = b""
+    for k in sorted(meta):
+        if k.startswith("locus.crc32c.") or k == "locus.header_crc32c":
+            continue
+        text += k.encode() + b"\0" + meta[k].encode() + b"\0"
+    text += b"\1"
+    for name in sorted(header):
+        info = header[name]
+        text += name.encode() + b"\0" + info["dtype"].encode() + b"\0"
+        text += b"".join(str(e).encode() + b"," for e in info["shape"]) + b"\0"
+    got = "%08x" % crc32c.crc32c(text)
+    assert got == meta["locus.header_crc32c"], (path, "header", got, meta["locus.header_crc32c"])
+    return len(header) + 1
 
 checked = check_checksums(f"{d}/values.safetensors") + check_checksums(f"{d}/trainer.safetensors")
 print(f"safetensors read every file as written ({checked} CRC32C checksums recomputed in Python)")

@@ -292,19 +292,19 @@ class loader {
   loader(const Source& source, loader_options options = {})
       : source_(&source), options_(options) {
     if (options_.batch_size < 1)
-      throw error("locus: loader batch_size must be >= 1, got " + std::to_string(options_.batch_size));
+      throw value_error("locus: loader batch_size must be >= 1, got " + std::to_string(options_.batch_size));
     if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
-      throw error("locus: loader rank " + std::to_string(options_.rank) + " of world_size " +
+      throw value_error("locus: loader rank " + std::to_string(options_.rank) + " of world_size " +
                   std::to_string(options_.world_size) +
                   "; expected world_size >= 1 and 0 <= rank < world_size");
     if (options_.prefetch < 1)
-      throw error("locus: loader prefetch must be >= 1, got " + std::to_string(options_.prefetch));
+      throw value_error("locus: loader prefetch must be >= 1, got " + std::to_string(options_.prefetch));
     if (options_.workers < 1 || options_.workers > max_workers)
-      throw error("locus: loader workers must be in [1, " + std::to_string(max_workers) + "] (threads that load and "
+      throw value_error("locus: loader workers must be in [1, " + std::to_string(max_workers) + "] (threads that load and "
                   "transform a batch's samples; 1: the background thread alone), got " +
                   std::to_string(options_.workers));
     if (static_cast<index_t>(source.size()) < 0 || static_cast<index_t>(source.features()) < 0)
-      throw error("locus: loader dataset reports a negative size or feature count");
+      throw value_error("locus: loader dataset reports a negative size or feature count");
     check_transform(sample_shape{features()});
 #if LOCUS_HAS_CUDA
     if constexpr (is_cuda) {
@@ -315,7 +315,15 @@ class loader {
 #endif
   }
   /// Held by reference: a temporary dataset would dangle.
-  loader(const Source&&, loader_options = {}) = delete;  // locus: a loader over a temporary dataset would read freed memory: keep the dataset in a variable (auto ds = ...; locus::data::loader<D> l(ds, o);)
+  // Prevents: a loader over a temporary dataset, which reads freed memory from its
+  // background thread.
+  template <class S>
+    requires(std::is_same_v<std::remove_cvref_t<S>, Source> && !std::is_lvalue_reference_v<S>)
+  explicit loader(S&&, loader_options = {}) {
+    static_assert(locus::detail::always_false<S>,
+                  "locus: a loader over a temporary dataset would read freed memory (it keeps the dataset by "
+                  "reference); keep the dataset in a variable: auto ds = ...; locus::data::loader<D> l(ds, o);");
+  }
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
   ~loader() { stop(); }
@@ -924,7 +932,14 @@ image_loader<Loader> images(Loader& l, index_t channels, index_t height, index_t
   return image_loader<Loader>(l, channels, height, width);
 }
 /// Held by reference: a temporary loader would dangle.
+// Prevents: images() over a temporary loader, which it keeps by reference.
 template <class Loader>
-void images(Loader&&, index_t, index_t, index_t) = delete;  // locus: images() of a temporary loader would dangle: keep the loader in a variable and pass it
+  requires(!std::is_lvalue_reference_v<Loader>)
+auto images(Loader&&, index_t, index_t, index_t) {
+  static_assert(locus::detail::always_false<Loader>,
+                "locus: images() of a temporary loader would dangle (it keeps the loader by reference); keep the "
+                "loader in a variable: locus::data::loader<D> l(ds, o); auto batches = locus::data::images(l, c, h, w);");
+  return 0;  // (deduced: the message comes before any use of the result)
+}
 
 }  // namespace locus::data

@@ -56,8 +56,21 @@ class tensor_dataset {
   [[nodiscard]] const tensor<std::int64_t, cpu, 1>& y() const& noexcept { return y_; }
   [[nodiscard]] tensor<float, cpu, 2> x() && noexcept { return std::move(x_); }
   [[nodiscard]] tensor<std::int64_t, cpu, 1> y() && noexcept { return std::move(y_); }
-  void x() const&& = delete;  // locus: x() of a const temporary dataset would dangle: keep the dataset in a variable
-  void y() const&& = delete;  // locus: y() of a const temporary dataset would dangle: keep the dataset in a variable
+  // Prevents: a reference into a const temporary dataset (it cannot be moved from).
+  template <class Self = tensor_dataset>
+  auto x() const&& {  // (deduced: the message comes before any use of the result)
+    static_assert(locus::detail::always_false<Self>,
+                  "locus: x() of a const temporary dataset would dangle; keep the dataset in a variable: auto ds = "
+                  "...; then ds.x()");
+    return 0;
+  }
+  template <class Self = tensor_dataset>
+  auto y() const&& {
+    static_assert(locus::detail::always_false<Self>,
+                  "locus: y() of a const temporary dataset would dangle; keep the dataset in a variable: auto ds = "
+                  "...; then ds.y()");
+    return 0;
+  }
 
  private:
   tensor<float, cpu, 2> x_;

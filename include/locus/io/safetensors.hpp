@@ -28,7 +28,11 @@
 // load() verifies each one after reading and before anything is handed out: a mismatch
 // is an io_error naming the file and the tensor. A file with no such keys (written by
 // another program) loads unverified; one with a malformed key, a key for a tensor the
-// file does not hold, or checksums for some tensors and not others is corrupt.
+// file does not hold, or checksums for some tensors and not others is corrupt. The
+// header has its own CRC32C, "locus.header_crc32c": over every other metadata key and
+// value and every tensor's name, dtype and shape, so a flipped bit in the epoch, the
+// learning rate or a shape of a checkpoint is refused as well (a file with tensor
+// checksums and without it is corrupt).
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
@@ -66,8 +70,48 @@ namespace locus::io {
 
 /// The __metadata__ key prefix of a tensor's CRC32C (see the header comment).
 inline constexpr std::string_view checksum_key_prefix = "locus.crc32c.";
+/// The __metadata__ key of the header's CRC32C: every other metadata key and value and
+/// every tensor's name, dtype and shape (see the header comment).
+inline constexpr std::string_view header_checksum_key = "locus.header_crc32c";
 
 namespace detail {
+/// The header's checksum: over the metadata (sorted by key, without the checksum keys)
+/// and the tensors (sorted by name) as name, dtype and shape, each field ended by a NUL.
+template <class Meta, class Tensors, class DtypeOf, class ShapeOf>
+std::uint32_t header_crc(const Meta& meta, const Tensors& tensors, DtypeOf dtype_of, ShapeOf shape_of) {
+  std::string text;
+  for (const auto& [k, v] : meta) {
+    if (k.compare(0, checksum_key_prefix.size(), checksum_key_prefix) == 0 || k == header_checksum_key) continue;
+    text += k;
+    text += '\0';
+    text += v;
+    text += '\0';
+  }
+  text += '\1';  // the tensors follow
+  for (const auto& [name, t] : tensors) {
+    text += name;
+    text += '\0';
+    text += dtype_of(t);
+    text += '\0';
+    for (const auto e : shape_of(t)) {
+      text += std::to_string(e);
+      text += ',';
+    }
+    text += '\0';
+  }
+  return crc32c(text.data(), text.size());
+}
+/// Creates the directories above `path` (nn::save, save_checkpoint); an io_error naming
+/// the directory and the reason when that fails (a regular file in the way, no
+/// permission), instead of std::filesystem's own exception.
+inline void make_parent_directories(const std::filesystem::path& path) {
+  if (!path.has_parent_path()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec)
+    throw ::locus::io_error("locus: cannot create the directory '" + path.parent_path().string() + "' for '" +
+                            path.string() + "': " + ec.message());
+}
 inline std::string crc_hex(std::uint32_t c) {
   char buf[9];
   std::snprintf(buf, sizeof buf, "%08x", c);
@@ -158,6 +202,9 @@ class writer {
     static_assert(detail::st_dtype<T>()[0] != '\0', "locus: safetensors stores f32, f64, f16, bf16, i32, i64, u8 and bool");
     if (name == "__metadata__" || name.empty())
       throw ::locus::value_error("locus: '" + name + "' is not a valid safetensors tensor name");
+    if (items_.count(name))
+      throw ::locus::value_error("locus: io::writer already holds a tensor named '" + name +
+                                 "'; a file holds one tensor per name (the first would be lost): choose another name");
     const auto h = to<cpu>(locus::detail::as_view_const(x));
     item it;
     it.dtype = detail::st_dtype<T>();
@@ -169,7 +216,7 @@ class writer {
   /// A string in the header's __metadata__. Keys beginning "locus.crc32c." are the
   /// tensors' checksums, which save() writes itself: a value_error.
   void metadata(const std::string& key, const std::string& value) {
-    if (key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) == 0)
+    if (key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) == 0 || key == header_checksum_key)
       throw ::locus::value_error("locus: metadata key '" + key + "' is reserved: keys beginning '" +
                                  std::string(checksum_key_prefix) +
                                  "' hold the tensors' checksums, which save() writes; choose another key");
@@ -187,7 +234,10 @@ class writer {
     std::map<std::string, std::string> meta = meta_;
     for (const auto& [name, it] : items_)
       meta[std::string(checksum_key_prefix) + name] = detail::crc_hex(crc32c(it.data.data(), it.data.size()));
-    if (!meta.empty()) header["__metadata__"] = meta;
+    meta[std::string(header_checksum_key)] = detail::crc_hex(detail::header_crc(
+        meta_, items_, [](const item& i) -> const std::string& { return i.dtype; },
+        [](const item& i) -> const std::vector<index_t>& { return i.shape; }));
+    header["__metadata__"] = meta;
     std::size_t offset = 0;
     for (const auto& [name, it] : items_) {
       header[name] = {{"dtype", it.dtype}, {"shape", it.shape}, {"data_offsets", {offset, offset + it.data.size()}}};
@@ -730,6 +780,26 @@ archive<D> load(const std::filesystem::path& path) {
   // Checksums (see the header comment): every one verified before anything is handed out.
   {
     std::size_t checked = 0;
+    const auto hk = a.meta_.find(std::string(header_checksum_key));
+    bool any_tensor_sum = false;
+    for (const auto& [key, value] : a.meta_)
+      any_tensor_sum = any_tensor_sum || key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) == 0;
+    if (any_tensor_sum && hk == a.meta_.end())
+      throw corrupt("it holds tensor checksums but no header checksum ('" + std::string(header_checksum_key) +
+                    "'): its metadata was edited or damaged after locus wrote it");
+    if (hk != a.meta_.end()) {
+      std::uint32_t stored = 0;
+      if (!detail::parse_crc_hex(hk->second, stored))
+        throw corrupt("its header checksum is '" + detail::printable(hk->second) + "', not 8 lowercase hex digits");
+      const std::uint32_t computed = detail::header_crc(
+          a.meta_, a.entries_, [](const tensor_info& i) -> const std::string& { return i.dtype; },
+          [](const tensor_info& i) -> const std::vector<index_t>& { return i.shape; });
+      if (computed != stored)
+        throw corrupt("its header (metadata, tensor names, dtypes or shapes) does not match its CRC32C checksum "
+                      "(stored " + hk->second + ", computed " + detail::crc_hex(computed) +
+                      "): it changed after locus wrote it (a disk, copy or memory error, or an edit); use another "
+                      "copy of the file or an earlier checkpoint");
+    }
     for (const auto& [key, value] : a.meta_) {
       if (key.compare(0, checksum_key_prefix.size(), checksum_key_prefix) != 0) continue;
       const std::string tname = key.substr(checksum_key_prefix.size());

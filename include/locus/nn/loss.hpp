@@ -91,7 +91,8 @@ class cross_entropy_state {
     if constexpr (D::host_accessible) {  // every step on the host: no copy
       std::memcpy(h, bad_.data_handle(), sizeof h);
     } else {
-      std::memcpy(h, to<cpu>(bad_).data_handle(), sizeof h);
+      const auto host = to<cpu>(bad_);
+      std::memcpy(h, host.data_handle(), sizeof h);
     }
     if (h[0] != 0) {
       const std::int64_t tag = h[0] - 2, row = h[1], value = h[2];

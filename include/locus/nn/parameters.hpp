@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -59,9 +60,17 @@ class parameter_store {
     p.name = std::move(name);
     p.shape.assign(shape.begin(), shape.end());
     p.numel = 1;
-    for (index_t e : p.shape) p.numel *= e;
+    for (index_t e : p.shape) {
+      if (e < 0 || __builtin_mul_overflow(p.numel, e, &p.numel))
+        throw shape_error("locus: parameter '" + p.name + "' of shape " + p.shape_string() +
+                          " has a negative extent or more elements than 64-bit indices address");
+    }
     p.offset = size_;
-    size_ += (p.numel + alignment - 1) / alignment * alignment;
+    const index_t padded = (p.numel / alignment + (p.numel % alignment != 0 ? 1 : 0)) * alignment;
+    if (padded < p.numel || __builtin_add_overflow(size_, padded, &size_) ||
+        size_ > std::numeric_limits<index_t>::max() / static_cast<index_t>(sizeof(master_type)))
+      throw shape_error("locus: parameter '" + p.name + "' of shape " + p.shape_string() +
+                        " makes the model's parameters larger than 64-bit byte offsets address");
     entries_.push_back(std::move(p));
     return entries_.size() - 1;
   }

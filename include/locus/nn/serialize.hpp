@@ -180,7 +180,7 @@ void save(const std::filesystem::path& path, const Model& model) {
   detail::add_buffers(w, model);
   w.metadata("format", "locus-model-1");
   w.metadata("policy", std::string(P::name));
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  io::detail::make_parent_directories(path);
   w.save(path);
 }
 

@@ -850,6 +850,33 @@ auto eval(const E& e) {
   }
 }
 
+// ---- scalar fill (tensor.hpp declares it) ---------------------------------------------------
+namespace detail {
+template <class T, class D, std::size_t R, class S>
+void fill_scalar(const tensor_view<T, D, R>& v, const S& s) {
+  if constexpr (std::is_const_v<T>) {
+    static_assert(always_false<S>, "locus: cannot fill a view of const elements; fill a tensor or a mutable view");
+  } else if constexpr (require_scalar_dtype<S, T>()) {
+    evaluate_into(v, scalar_operand<T>(s));  // an integer out of range: value_error, nothing written
+  }
+}
+}  // namespace detail
+
+template <class T, class D, std::size_t R>
+template <class S>
+  requires(std::is_arithmetic_v<S> || is_half_v<S>)
+tensor<T, D, R>& tensor<T, D, R>::operator=(const S& s) & {
+  detail::fill_scalar(view(), s);
+  return *this;
+}
+template <class T, class D, std::size_t R>
+template <class S>
+  requires(std::is_arithmetic_v<S> || is_half_v<S>)
+const tensor_view<T, D, R>& tensor_view<T, D, R>::operator=(const S& s) const& {
+  detail::fill_scalar(*this, s);
+  return *this;
+}
+
 // ---- compound assignment -------------------------------------------------------------------
 #define LOCUS_DETAIL_COMPOUND(SYM, OP)                                                    \
   template <class T, class D, std::size_t R, class E>                                    \

@@ -750,16 +750,33 @@ void matmul_into_impl(C&& c, const A& a, const B& b, bool accum);
 /// matmul(a, b) written into an existing tensor or view (no allocation when c can take
 /// the GEMM's output directly). c's dtype is the output dtype (the inputs', or f32 for
 /// f16/bf16 inputs). A shape mismatch throws shape_error and leaves c unchanged.
+namespace detail {
+// Prevents: matmul_into(tmp(), a, b) and linear_into into a temporary tensor: the result
+// is lost with it.
+template <class C>
+constexpr bool require_named_product() {
+  if constexpr (tensor_traits<std::remove_cvref_t<C>>::is_tensor && !std::is_lvalue_reference_v<C>) {
+    static_assert(always_false<C>, "locus: the destination of matmul_into/linear_into is a temporary tensor, so the "
+                                   "product would be lost with it; write into a named tensor or a view of one, or "
+                                   "take the result: auto c = locus::matmul(a, b);");
+    return false;
+  } else {
+    return true;
+  }
+}
+}  // namespace detail
+
 template <class C, class A, class B>
 void matmul_into(C&& c, const A& a, const B& b) {
-  detail::matmul_into_impl(std::forward<C>(c), a, b, false);
+  if constexpr (detail::require_named_product<C>()) detail::matmul_into_impl(std::forward<C>(c), a, b, false);
 }
 
 /// c += matmul(a, b): accumulates into c (f32 or f64; f16/bf16 operands accumulate into
 /// an f32 c). A shape mismatch throws shape_error and leaves c unchanged.
 template <class C, class A, class B>
 void matmul_into(C&& c, const A& a, const B& b, accumulate_t) {
-  if constexpr (!TensorLike<std::remove_cvref_t<C>>) {
+  if constexpr (!detail::require_named_product<C>()) {
+  } else if constexpr (!TensorLike<std::remove_cvref_t<C>>) {
     detail::matmul_into_impl(std::forward<C>(c), a, b, true);  // reports the destination rule
   } else {
     using O = typename detail::tensor_traits<std::remove_cvref_t<C>>::value_type;
@@ -901,13 +918,15 @@ auto linear(const X& x, const W& w, activation act = activation::none) {
 template <class Y, class X, class W, class Bv>
   requires(!std::is_same_v<std::remove_cvref_t<Bv>, activation>)
 void linear_into(Y&& y, const X& x, const W& w, const Bv& b, activation act = activation::none) {
-  detail::linear_into_impl<Y, X, W, Bv, true>(std::forward<Y>(y), x, w, &b, act);
+  if constexpr (detail::require_named_product<Y>())
+    detail::linear_into_impl<Y, X, W, Bv, true>(std::forward<Y>(y), x, w, &b, act);
 }
 
 /// linear_into without a bias.
 template <class Y, class X, class W>
 void linear_into(Y&& y, const X& x, const W& w, activation act = activation::none) {
-  detail::linear_into_impl<Y, X, W, X, false>(std::forward<Y>(y), x, w, nullptr, act);
+  if constexpr (detail::require_named_product<Y>())
+    detail::linear_into_impl<Y, X, W, X, false>(std::forward<Y>(y), x, w, nullptr, act);
 }
 
 }  // namespace locus

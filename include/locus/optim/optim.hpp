@@ -647,8 +647,16 @@ struct constant_lr {
 struct step_lr {
   std::int64_t step_size = 1;
   double gamma = 0.1;
+  /// value_error for options that make no schedule (called by operator() and by the
+  /// trainer when the schedule is set, before any step).
+  void check() const {
+    if (step_size < 1 || !(gamma > 0.0) || !std::isfinite(gamma))
+      throw value_error("locus: step_lr needs step_size >= 1 and a finite gamma > 0, got step_size = " +
+                        std::to_string(step_size) + ", gamma = " + std::to_string(gamma));
+  }
   double operator()(std::int64_t step, double base) const {
-    return base * std::pow(gamma, static_cast<double>(step / (step_size > 0 ? step_size : 1)));
+    check();
+    return base * std::pow(gamma, static_cast<double>(step / step_size));
   }
 };
 
@@ -657,9 +665,16 @@ struct step_lr {
 struct cosine_lr {
   std::int64_t total_steps = 1;
   double min_lr = 0.0;
+  void check() const {
+    if (total_steps < 1 || !(min_lr >= 0.0) || !std::isfinite(min_lr))
+      throw value_error("locus: cosine_lr needs total_steps >= 1 (0 would hold the lr at min_lr from the first "
+                        "step: training that changes nothing) and a finite min_lr >= 0, got total_steps = " +
+                        std::to_string(total_steps) + ", min_lr = " + std::to_string(min_lr));
+  }
   double operator()(std::int64_t step, double base) const {
+    check();
     if (step >= total_steps) return min_lr;
-    const double t = static_cast<double>(step) / static_cast<double>(total_steps > 0 ? total_steps : 1);
+    const double t = static_cast<double>(step) / static_cast<double>(total_steps);
     return min_lr + (base - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
   }
 };
@@ -670,7 +685,13 @@ template <class After = constant_lr>
 struct warmup_lr {
   std::int64_t warmup_steps = 0;
   After after{};
+  void check() const {
+    if (warmup_steps < 0)
+      throw value_error("locus: warmup_lr needs warmup_steps >= 0, got " + std::to_string(warmup_steps));
+    if constexpr (requires { after.check(); }) after.check();
+  }
   double operator()(std::int64_t step, double base) const {
+    check();
     if (step < warmup_steps)
       return base * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
     return after(step - warmup_steps, base);
@@ -686,7 +707,17 @@ struct one_cycle_lr {
   double pct_start = 0.3;
   double div_factor = 25.0;
   double final_div_factor = 1e4;
+  void check() const {
+    if (total_steps < 1 || !(pct_start > 0.0 && pct_start < 1.0) || !(div_factor > 0.0) || !std::isfinite(div_factor) ||
+        !(final_div_factor > 0.0) || !std::isfinite(final_div_factor))
+      throw value_error("locus: one_cycle_lr needs total_steps >= 1, pct_start in (0, 1) and finite div_factor and "
+                        "final_div_factor > 0 (as torch.optim.lr_scheduler.OneCycleLR), got total_steps = " +
+                        std::to_string(total_steps) + ", pct_start = " + std::to_string(pct_start) +
+                        ", div_factor = " + std::to_string(div_factor) +
+                        ", final_div_factor = " + std::to_string(final_div_factor));
+  }
   double operator()(std::int64_t step, double base) const {
+    check();
     const double initial = base / div_factor, final_lr = initial / final_div_factor;
     const auto anneal = [](double from, double to, double pct) {
       return to + (from - to) / 2.0 * (std::cos(std::numbers::pi * pct) + 1.0);

@@ -195,6 +195,25 @@ inline constexpr bool factory_args_ok = Dtype<T> && is_device_v<D>;
 
 }  // namespace detail
 
+// Prevents: a shape from a std::vector (PyTorch's torch.zeros(list)): the rank is part of
+// the tensor's type, so it cannot come from a run-time size.
+#define LOCUS_DETAIL_VECTOR_SHAPE(NAME)                                                                        \
+  template <class T, class D, class I, class... Rest>                                                          \
+  auto NAME(const std::vector<I>&, Rest&&...) {                                                                \
+    static_assert(detail::always_false<I>,                                                                     \
+                  "locus: a shape cannot be a std::vector: the rank is part of the tensor's type and a vector's " \
+                  "size is a run-time value; write the extents, e.g. locus::" #NAME "<T, D>({2, 3}), or "       \
+                  "locus::extents<2>{v[0], v[1]} when they are in a vector");                                  \
+    return 0;                                                                                                  \
+  }
+LOCUS_DETAIL_VECTOR_SHAPE(zeros)
+LOCUS_DETAIL_VECTOR_SHAPE(ones)
+LOCUS_DETAIL_VECTOR_SHAPE(empty)
+LOCUS_DETAIL_VECTOR_SHAPE(full)
+LOCUS_DETAIL_VECTOR_SHAPE(rand)
+LOCUS_DETAIL_VECTOR_SHAPE(randn)
+#undef LOCUS_DETAIL_VECTOR_SHAPE
+
 /// All-zero tensor (a memset: no kernel, so it works in host-compiled files on cuda).
 template <class T, class D, std::size_t R>
 tensor<T, D, R> zeros(const extents<R>& shape) {

@@ -343,6 +343,11 @@ class tensor_view {
   template <class S>
     requires(detail::tensor_traits<S>::is_tensor || detail::tensor_traits<S>::is_view)
   const tensor_view& operator=(const S& src) &&;
+  /// Every viewed element becomes s: t.slice(0, 2) = 0.0f (PyTorch's t[0:2] = 0), with
+  /// the scalar rules of t + s. Defined in ops/expr.hpp.
+  template <class S>
+    requires(std::is_arithmetic_v<S> || is_half_v<S>)
+  const tensor_view& operator=(const S& s) const&;
   /// Evaluates an expression into the viewed elements (ops/expr.hpp); the expression
   /// must broadcast to this view's shape.
   template <class E>
@@ -420,10 +425,24 @@ class tensor {
   }
   template <class E>
     requires std::is_base_of_v<detail::expression_tag, E>
-  tensor& operator=(const E& e) {
+  tensor& operator=(const E& e) & {
     detail::assign_expr(*this, e);
     return *this;
   }
+  // Prevents: t.clone() = e, to<cpu>(t) = e: the result is lost with the temporary.
+  template <class E>
+    requires std::is_base_of_v<detail::expression_tag, E>
+  tensor& operator=(const E&) && {
+    static_assert(detail::always_false<E>, "locus: assigning to a temporary tensor is lost with it (t.clone() = e); "
+                                           "assign to a named tensor or to a view of one: t = e; t.slice(0, 2) = e;");
+    return *this;
+  }
+  /// Every element becomes s (PyTorch's t.fill_(s), NumPy's a[...] = s), with the scalar
+  /// rules of t + s (an integer outside the dtype's range is a value_error; a floating
+  /// scalar into an integer tensor does not compile). Defined in ops/expr.hpp.
+  template <class S>
+    requires(std::is_arithmetic_v<S> || is_half_v<S>)
+  tensor& operator=(const S& s) &;
 
   tensor(tensor&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
@@ -508,8 +527,8 @@ class tensor {
   [[nodiscard]] bool empty() const noexcept { return numel() == 0; }
   [[nodiscard]] static constexpr bool is_contiguous() noexcept { return true; }
 
-  [[nodiscard]] T* data_handle() noexcept { return data_; }
-  [[nodiscard]] const T* data_handle() const noexcept { return data_; }
+  [[nodiscard]] T* data_handle() & noexcept { return data_; }
+  [[nodiscard]] const T* data_handle() const& noexcept { return data_; }
 
   // Host access: the tensor's own device decides (no template parameter a caller could
   // set). On a temporary (rvalue) tensor, whatever would point into it (data, span, a
@@ -582,6 +601,10 @@ class tensor {
   }
   T* data() const&& noexcept {
     static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("data()"));
+    return nullptr;
+  }
+  T* data_handle() const&& noexcept {
+    static_assert(detail::always_false<T>, LOCUS_TEMPORARY_VIEW_MESSAGE("data_handle()"));
     return nullptr;
   }
   std::span<T> span() const&& {
@@ -676,6 +699,10 @@ template <Device D, class T, std::size_t R>
                           ": the last element's offset overflows index_t");
       last += strides[a] * (shape[a] - 1);
     }
+    // and the byte just past the last element (what overlap and range checks compute)
+    if (last >= std::numeric_limits<index_t>::max() / static_cast<index_t>(sizeof(T)))
+      throw shape_error("locus: unsafe_view of shape " + detail::shape_string(shape) + " with strides " +
+                        detail::shape_string(strides) + ": the last element's byte offset overflows index_t");
     if (p == nullptr)
       throw shape_error("locus: unsafe_view of a null pointer with shape " + detail::shape_string(shape) +
                         " (" + std::to_string(n) + " elements)");

@@ -156,6 +156,9 @@ void check_scaler_state(const tensor<float, cpu, 1>& s, const std::string& path)
 template <class Trainer>
 void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t epoch,
                      const std::map<std::string, std::string>& run = {}) {
+  if (epoch < 0 || epoch > (std::int64_t{1} << 62))
+    throw value_error("locus: save_checkpoint: epoch " + std::to_string(epoch) +
+                      " is not a count in [0, 2^62] (resume would refuse the file); pass the number of epochs done");
   for (const auto& [k, v] : run) {
     bool printable = !k.empty();
     for (const char ch : k) printable = printable && ch > ' ' && ch < 127;
@@ -194,7 +197,7 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
     if constexpr (requires { layer.counter(); }) w.metadata("rng." + std::to_string(i), std::to_string(layer.counter()));
   });
   for (const auto& [k, v] : run) w.metadata("run." + k, v);
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  io::detail::make_parent_directories(path);
   w.save(path);
 }
 

@@ -63,6 +63,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -413,6 +414,9 @@ class trainer {
     auto xv = input(x);
     auto yv = target(y);
     check_nonempty(xv);
+    // On host devices a stop recorded by an earlier step is raised before this one
+    // counts (on cuda it surfaces at the next check, after the steps already queued).
+    if constexpr (device::host_accessible) check();
     const bool update = micro_ + 1 == o_.accumulate;
     // A step that may allocate (a batch shape other than the last step's: buffers grow
     // or change shape; or every step, where steps allocate temporaries) first saves what
@@ -432,8 +436,16 @@ class trainer {
     grad_saved_.values = {};  // a window's gradient backup lives for one step only
     last_shape_ = xv.shape();
     last_shape_valid_ = true;
+    const auto counters = std::make_tuple(running_samples_, window_first_, micro_step_, micro_, optimizer_steps_);
     advance(xv.shape()[0], update);
-    if constexpr (device::host_accessible) check();
+    if constexpr (device::host_accessible) {
+      try {
+        check();
+      } catch (const non_finite_error&) {  // the step did not happen: it does not count either
+        std::tie(running_samples_, window_first_, micro_step_, micro_, optimizer_steps_) = counters;
+        throw;
+      }
+    }
   }
 
   /// Forward and backward of one batch without an optimizer step, then zero_grad: what
@@ -592,7 +604,12 @@ class trainer {
   [[nodiscard]] const preflight_result& preflight() const noexcept { return preflight_; }
   const options& opts() const noexcept { return o_; }
   /// The learning-rate schedule from now on (optimizer steps count from 0).
-  void set_schedule(optim::schedule s) { o_.schedule = std::move(s); }
+  /// A schedule whose options are invalid, or that gives this step a learning rate that
+  /// is not a finite number >= 0, is a value_error here, before any step uses it.
+  void set_schedule(optim::schedule s) {
+    check_schedule(s);
+    o_.schedule = std::move(s);
+  }
 
   /// With clip_grad_norm: the global L2 norm of the (unscaled) gradients at the last
   /// optimizer step, before clipping (NaN when that step was skipped); reads it back from
@@ -695,6 +712,16 @@ class trainer {
       }
       locus::detail::check_same_gpu<device>("the trainer (its model)", model_->parameters().master());
     }
+  }
+  /// The schedule at the next optimizer step: its options checked (each schedule of
+  /// optim/optim.hpp throws value_error for its own), and its lr finite and >= 0.
+  void check_schedule(const optim::schedule& s) const {
+    if (!s) return;
+    const double lr = s(optimizer_steps_, base_lr_);
+    if (!(lr >= 0.0) || !std::isfinite(lr))
+      throw ::locus::value_error("locus: the learning-rate schedule gives step " + std::to_string(optimizer_steps_) +
+                                 " an lr of " + number_text(lr) +
+                                 "; a schedule must give finite learning rates >= 0 (check its options)");
   }
   /// The model's GPU against this build and the policy's compute dtype (architectures,
   /// bf16 on the card, the driver; core/preflight.hpp), before any step launches.
@@ -803,6 +830,7 @@ class trainer {
             "the same elements on every step; train this model without cuda_graph");
     }
     base_lr_ = opt_->lr();
+    check_schedule(o_.schedule);
     running_ = zeros<A, device>(extents<1>{1});
     const auto words = static_cast<index_t>((sizeof(locus::detail::step_state) + 7) / 8);
     guard_ = zeros<std::int64_t, device>(extents<1>{words});

@@ -219,6 +219,12 @@ void copy(const Src& src, Dst&& dst) {
       static_assert(detail::always_false<Dst>,
                     "locus: copy destination is a view of const elements; pass a tensor or a "
                     "mutable tensor_view");
+    } else if constexpr (dt::is_tensor && !std::is_lvalue_reference_v<Dst>) {
+      // Prevents: copy(src, dst.clone()), copy(src, to<cpu>(dst)): the copy lands in a
+      // temporary and is lost.
+      static_assert(detail::always_false<Dst>,
+                    "locus: copy()'s destination is a temporary tensor, so the copy would be lost with it; copy "
+                    "into a named tensor (auto dst = ...; locus::copy(src, dst);) or into a view of one");
     } else if constexpr (std::is_const_v<std::remove_reference_t<Dst>> && dt::is_tensor) {
       static_assert(detail::always_false<Dst>,
                     "locus: copy destination is a const tensor (std::as_const(t), or a const& "

@@ -61,6 +61,9 @@ inline int current_device() { return detail::current_device(); }
 /// `with torch.cuda.device(n):`.
 class device_guard {
  public:
+  // A guard that is itself a temporary (locus::device_guard{1};) ends at the ';': a
+  // warning (an error under -Werror).
+  [[nodiscard("locus: a device_guard acts for its scope; name it: locus::device_guard g(n);")]]
   explicit device_guard(int gpu) : previous_((detail::check_gpu_index(gpu, "device_guard names"), detail::current_device())) {
     if (gpu != previous_) {
       LOCUS_CUDA_CHECK(cudaSetDevice(gpu));

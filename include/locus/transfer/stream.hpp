@@ -286,6 +286,9 @@ class raw_stream_guard {
 /// scope of one thread. It records no tensor as used on `s` (see the header: record_stream).
 class stream_guard {
  public:
+  // A guard that is itself a temporary (locus::stream_guard{s};) ends at the ';' and
+  // makes nothing current for the lines after it: a warning (an error under -Werror).
+  [[nodiscard("locus: a stream_guard acts for its scope; name it: locus::stream_guard g(s);")]]
   explicit stream_guard(const stream& s) : guard_(handle_of(s), s.device()) {}
   // Prevents: stream_guard g(locus::stream{}); (PyTorch's `with
   // torch.cuda.stream(torch.cuda.Stream()):`): the stream is destroyed at the end of the
