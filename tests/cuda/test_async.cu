@@ -339,7 +339,7 @@ TEST_CASE("streams and events are move-only handles and a moved-from one is an e
   CHECK(s2.native_handle() == h);
   CHECK(s.native_handle() == nullptr);
   CHECK_THROWS_AS(s.synchronize(), locus::error);
-  CHECK_THROWS_AS(locus::stream_guard{s}, locus::error);
+  CHECK_THROWS_AS((void)locus::stream_guard{s}, locus::error);
   locus::event e;
   locus::event e2 = std::move(e);
   CHECK_THROWS_AS((void)e.query(), locus::error);

@@ -250,6 +250,37 @@ class tape {
     }
   }
 
+  /// Backpropagates from a value of any rank whose gradient is given: `seed` is
+  /// dL/d(out), of out's shape (what a loss computed outside the tape hands back: the
+  /// trainer's loss gradient). The rules of backward(loss) otherwise.
+  template <class V>
+    requires is_var_v<V>
+  void backward(const V& out, const tensor_view<const T, D, V::rank>& seed) {
+    if constexpr (check_same_types<V>()) {
+      check_owned(out, "backward", true);
+      if (seed.shape() != out.shape())
+        throw shape_error("locus: backward got a gradient of shape " + detail::shape_text(seed.shape()) +
+                          " for a value of shape " + detail::shape_text(out.shape()));
+      if (done_)
+        throw autograd_error(
+            "locus: backward() was already run for this step of the tape; call tape.reset() and run the forward "
+            "again before the next backward (PyTorch: \"Trying to backward through the graph a second time\")");
+      done_ = true;
+      if (!out.requires_grad()) return;
+      auto [g, fresh] = grad_out<V::rank>(detail::access::id(out), out.shape());
+      (void)fresh;
+      ::locus::detail::assign_expr(g, ::locus::detail::to_expr(seed));
+      for (std::size_t i = nodes_used_; i-- > 0;) nodes_[i]->backward(*this);
+      for (auto& h : after_backward_) h();
+    }
+  }
+
+  /// Training (the default) or inference: layers that behave differently (batch norm's
+  /// batch statistics, dropout) ask the tape; an inference forward records no backward
+  /// for layers whose parameters then enter as constants.
+  void set_training(bool on) noexcept { training_ = on; }
+  [[nodiscard]] bool training() const noexcept { return training_; }
+
   /// dL/dv after backward, of v's shape (zeros when no gradient reached it). An
   /// autograd_error before backward, or for a value that does not require one.
   template <std::size_t R>
@@ -412,6 +443,7 @@ class tape {
   std::vector<std::function<void()>> after_backward_;
   std::uint64_t generation_ = 1;
   bool done_ = false;
+  bool training_ = true;
 };
 
 }  // namespace locus::ag

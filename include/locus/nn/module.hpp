@@ -1,0 +1,488 @@
+// Models of your own: a module is a struct with named layers (and sub-modules) and a
+// forward written in plain C++ over differentiable values (ag::var), branches, loops
+// and skip connections included. nn::model<Net> owns the parameters (one
+// parameter_store, PyTorch's dotted names), the tape, and what the trainer, optimizers,
+// checkpoints and data_parallel need, exactly as nn::sequential provides it.
+//
+//   template <class D, class P>
+//   struct block : locus::nn::module<D, P> {
+//     locus::nn::layer<locus::nn::conv2d<D, P>> conv1{this, "conv1", 16, 16, 3, {.padding = 1}};
+//     locus::nn::layer<locus::nn::batch_norm2d<D, P>> bn1{this, "bn1", 16};
+//     locus::nn::layer<locus::nn::relu<D, P>> relu{this, "relu"};
+//     auto forward(const typename block::template var<4>& x) { return relu(bn1(conv1(x)) + x); }
+//   };
+//   template <class D, class P>
+//   struct net : locus::nn::module<D, P> {
+//     locus::nn::child<block<D, P>> layer1{this, "layer1"};   // parameters "layer1.conv1.weight", ...
+//     ...
+//   };
+//   locus::nn::model<net<locus::cpu, locus::amp::fp32>> m;    // builds, allocates, initialises
+//   locus::train::trainer t(m, opt, locus::nn::cross_entropy{});
+//
+// How it fits together. nn::model constructs the module tree while a registry is
+// current on its thread: each nn::layer member declares its layer's parameters in the
+// model's store under the module's prefix and its own name, each nn::child constructs
+// its module under a longer prefix. Then the store is allocated and the layers are bound
+// and initialised (from seed 0, as PyTorch initialises each layer). A layer called in
+// forward is one tape entry with the layer's own fused forward and backward (the same
+// kernels nn::sequential runs, the parameter gradients written straight into the store),
+// so a module loses no speed to the tape; ag:: operations between layers (+ of a skip
+// connection, reshape, arithmetic) are tape entries of their own.
+//
+// Rules. A layer's parameters live on the module's device: a member layer of another
+// device or policy does not compile. A layer object holds the activations its backward
+// needs, so one layer is called at most once per forward (a second call is an
+// autograd_error: declare a second layer, as PyTorch needs for layers that keep state).
+// A module is built only inside an nn::model or as an nn::child (an error naming both).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "../ag/ops.hpp"
+#include "conv.hpp"
+#include "layers.hpp"
+#include "parameters.hpp"
+
+namespace locus::nn {
+
+template <Device D, class Policy>
+class module;
+
+namespace detail {
+/// What the trainer and checkpoints see of one layer of a module (type-erased): hooks,
+/// the dropout counter (0 and ignored for other layers), the data-parallel rank stream.
+class layer_ref {
+ public:
+  virtual ~layer_ref() = default;
+  [[nodiscard]] virtual bool has_hooks() const = 0;
+  [[nodiscard]] virtual std::uint64_t counter() const = 0;
+  virtual void set_counter(std::uint64_t c) = 0;
+  virtual void set_rank_stream(std::uint64_t r) = 0;
+  [[nodiscard]] virtual std::string describe() const = 0;
+  [[nodiscard]] virtual index_t parameter_count() const = 0;
+  [[nodiscard]] virtual const std::string& name() const = 0;
+};
+
+template <Device D, class Policy>
+class registry {
+ public:
+  using store_type = parameter_store<D, Policy>;
+  using M = typename Policy::master;
+  using buffer_view = std::variant<tensor_view<M, D, 1>, tensor_view<std::int64_t, D, 0>>;
+
+  struct entry {
+    layer_ref* layer;
+    std::function<void(store_type&)> bind;
+    std::function<void(std::uint64_t)> reset;
+    std::function<void(std::vector<std::pair<std::string, buffer_view>>&)> buffers;
+  };
+
+  store_type store;
+  std::vector<entry> layers;
+  std::vector<std::pair<std::string, buffer_view>> buffers;
+  std::string prefix;  // of the module being constructed
+};
+
+template <Device D, class Policy>
+registry<D, Policy>*& current_registry() noexcept {
+  thread_local registry<D, Policy>* r = nullptr;
+  return r;
+}
+
+/// Sets the registry and prefix for the modules constructed in its scope.
+template <Device D, class Policy>
+class registry_scope {
+ public:
+  registry_scope(registry<D, Policy>* r, std::string prefix)
+      : previous_(current_registry<D, Policy>()), previous_prefix_(r->prefix) {
+    current_registry<D, Policy>() = r;
+    r->prefix = std::move(prefix);
+  }
+  registry_scope(const registry_scope&) = delete;
+  registry_scope& operator=(const registry_scope&) = delete;
+  ~registry_scope() {
+    current_registry<D, Policy>()->prefix = previous_prefix_;
+    current_registry<D, Policy>() = previous_;
+  }
+
+ private:
+  registry<D, Policy>* previous_;
+  std::string previous_prefix_;
+};
+
+// Prevents: a layer of another device or policy inside a module (its parameters would
+// live elsewhere than the module's).
+template <class L, Device D, class Policy>
+constexpr bool require_module_layer() {
+  if constexpr (!std::is_same_v<typename L::device, D>) {
+    static_assert(::locus::detail::always_false<L>,
+                  "locus: a module's layer lives on another device than the module (its parameters would live "
+                  "apart from the model's store); declare it with the module's device: nn::layer<nn::linear<D, P>>");
+    return false;
+  } else if constexpr (!std::is_same_v<typename L::policy, Policy>) {
+    static_assert(::locus::detail::always_false<L>,
+                  "locus: a module's layer has another precision policy than the module (its parameters would "
+                  "live apart from the model's store); declare it with the module's policy: "
+                  "nn::layer<nn::linear<D, P>>");
+    return false;
+  } else {
+    return true;
+  }
+}
+}  // namespace detail
+
+/// The base of a module: the device, the policy, the value types of its forward, and
+/// where its layers register. Construct it only inside nn::model or nn::child.
+template <Device D, class Policy>
+class module {
+ public:
+  using device = D;
+  using policy = ::locus::detail::checked_policy_t<Policy>;
+  using C = typename policy::compute;
+  /// The differentiable values a forward takes and returns: var<2> [batch, features],
+  /// var<4> [batch, channels, height, width].
+  template <std::size_t R>
+  using var = ag::var<C, D, R>;
+
+  module() : registry_(detail::current_registry<D, policy>()) {
+    if (registry_ == nullptr)
+      throw ::locus::error(
+          "locus: a module is built by nn::model<Net> (which owns its parameters: locus::nn::model<Net> m;) or as "
+          "a member nn::child<Net> of another module, not on its own");
+    prefix_ = registry_->prefix;
+  }
+  module(const module&) = delete;
+  module& operator=(const module&) = delete;
+
+  /// The module's name prefix in the model ("" for the model's root, "layer1." below).
+  [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  /// The registry its layers declare into (for nn::layer and nn::child).
+  [[nodiscard]] detail::registry<D, policy>* registry() const noexcept { return registry_; }
+
+ private:
+  detail::registry<D, policy>* registry_;
+  std::string prefix_;
+};
+
+/// A layer of locus's (linear, conv2d, batch_norm2d, relu, dropout, pooling, flatten,
+/// layer_norm, ...) as a member of a module: its parameters are named
+/// "<module prefix><name>.weight"; calling it on a value records one tape entry.
+template <class L>
+class layer final : public detail::layer_ref {
+ public:
+  using device = typename L::device;
+  using policy = typename L::policy;
+  using C = typename policy::compute;
+
+  template <class Parent, class... A>
+  layer(Parent* parent, std::string name, A&&... args) : l_(std::forward<A>(args)...), name_(std::move(name)) {
+    static_assert(detail::require_module_layer<L, typename Parent::device, typename Parent::policy>());
+    auto* reg = parent->registry();
+    full_name_ = parent->prefix() + name_;
+    l_.declare(reg->store, full_name_ + ".");
+    typename detail::registry<device, policy>::entry e;
+    e.layer = this;
+    e.bind = [this](parameter_store<device, policy>& s) { l_.bind(s); };
+    e.reset = [this](std::uint64_t seed) { l_.reset_parameters(seed); };
+    e.buffers = [this](auto& out) {
+      if constexpr (requires { l_.for_each_buffer(std::string{}, [](const std::string&, auto) {}); }) {
+        l_.for_each_buffer(full_name_ + ".", [&](const std::string& n, auto v) {
+          using V = decltype(v);
+          if constexpr (std::is_same_v<V, tensor_view<typename policy::master, device, 1>> ||
+                        std::is_same_v<V, tensor_view<std::int64_t, device, 0>>)
+            out.emplace_back(n, v);
+        });
+      }
+    };
+    reg->layers.push_back(std::move(e));
+  }
+  layer(const layer&) = delete;
+  layer& operator=(const layer&) = delete;
+
+  /// Records the layer's forward on the value's tape (its inference forward when the
+  /// tape is not training): one entry whose backward is the layer's own.
+  template <class V>
+    requires ag::is_var_v<V>
+  auto operator()(const V& x) {
+    static_assert(std::is_same_v<typename V::device, device> && std::is_same_v<typename V::value_type, C>,
+                  "locus: a layer is called on a value of another device or dtype than its own");
+    auto& t = ag::detail::owner(x, "a module's layer");
+    if (called_ == t.generation() && called_tape_ == &t)
+      throw autograd_error("locus: layer '" + full_name_ +
+                           "' was called twice in one forward: a layer keeps the activations its backward needs, so "
+                           "each call needs its own layer (declare another nn::layer member)");
+    called_ = t.generation();
+    called_tape_ = &t;
+    using out_view = decltype(l_.forward(x.value()));
+    constexpr std::size_t RO = out_view::rank;
+    if (!t.training()) {
+      auto y = l_.infer(x.value());
+      inferred_.template emplace<tensor<C, device, RO>>(std::move(y));
+      const auto& held = std::get<tensor<C, device, RO>>(inferred_);
+      return t.template alias<RO>(held.view(), false);
+    }
+    const auto y = l_.forward(x.value());
+    const bool rg = x.requires_grad() || l_.parameter_count() > 0;
+    auto out = t.template alias<RO>(y, rg);
+    if (rg) {
+      auto& n = t.template record<node<V::rank, RO>>();
+      n.self = this;
+      n.x = ag::detail::access::id(x);
+      n.out = ag::detail::access::id(out);
+      n.in_shape = x.shape();
+      n.out_shape = y.shape();
+    }
+    return out;
+  }
+
+  /// The layer itself (its options, weight(), hooks: add_forward_hook works here).
+  [[nodiscard]] L& get() noexcept { return l_; }
+  [[nodiscard]] const L& get() const noexcept { return l_; }
+
+  // layer_ref
+  [[nodiscard]] bool has_hooks() const override {
+    if constexpr (requires { l_.has_hooks(); }) return l_.has_hooks();
+    else return false;
+  }
+  [[nodiscard]] std::uint64_t counter() const override {
+    if constexpr (requires { l_.counter(); }) return l_.counter();
+    else return 0;
+  }
+  void set_counter(std::uint64_t c) override {
+    if constexpr (requires { l_.set_counter(c); }) l_.set_counter(c);
+  }
+  void set_rank_stream(std::uint64_t r) override {
+    if constexpr (requires { l_.set_rank_stream(r); }) l_.set_rank_stream(r);
+  }
+  [[nodiscard]] std::string describe() const override { return l_.describe(); }
+  [[nodiscard]] index_t parameter_count() const override { return l_.parameter_count(); }
+  [[nodiscard]] const std::string& name() const override { return full_name_; }
+
+ private:
+  template <std::size_t RI, std::size_t RO>
+  struct node final : ag::node<C, device> {
+    layer* self = nullptr;
+    std::uint32_t x = 0, out = 0;
+    extents<RI> in_shape{};
+    extents<RO> out_shape{};
+    void backward(ag::tape<C, device>& t) override {
+      const auto g = t.template grad_in<RO>(out, out_shape);
+      if (g.data_handle() == nullptr) return;
+      const bool need = t.wants_grad(x);
+      const auto gx = self->l_.backward(g, need);
+      if (!need) return;
+      auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
+      const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
+                                                 gx.device_index()};
+      ag::detail::put(dst, fresh, src);
+    }
+  };
+
+  L l_;
+  std::string name_, full_name_;
+  std::uint64_t called_ = 0;
+  const void* called_tape_ = nullptr;
+  std::variant<std::monostate, tensor<C, device, 1>, tensor<C, device, 2>, tensor<C, device, 3>, tensor<C, device, 4>>
+      inferred_;
+};
+
+/// A module as a member of another: its layers are named "<prefix><name>.<layer>...".
+template <class M>
+class child {
+ public:
+  template <class Parent, class... A>
+  child(Parent* parent, const std::string& name, A&&... args) {
+    static_assert(std::is_same_v<typename M::device, typename Parent::device> &&
+                      std::is_same_v<typename M::policy, typename Parent::policy>,
+                  "locus: a child module has another device or precision policy than its parent; declare it with "
+                  "the parent's: nn::child<block<D, P>>");
+    const detail::registry_scope<typename M::device, typename M::policy> scope(parent->registry(),
+                                                                                parent->prefix() + name + ".");
+    m_.emplace(std::forward<A>(args)...);
+  }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+
+  M* operator->() noexcept { return &*m_; }
+  const M* operator->() const noexcept { return &*m_; }
+  M& operator*() noexcept { return *m_; }
+  const M& operator*() const noexcept { return *m_; }
+  /// Calls the child's forward: layer1(x) for layer1->forward(x).
+  template <class... A>
+  auto operator()(A&&... args) {
+    return m_->forward(std::forward<A>(args)...);
+  }
+
+ private:
+  std::optional<M> m_;
+};
+
+namespace detail {
+template <class Net, std::size_t R>
+concept forward_takes = requires(Net& n, const ag::var<typename Net::C, typename Net::device, R>& v) { n.forward(v); };
+
+template <class Net>
+constexpr std::size_t module_input_rank() {
+  if constexpr (forward_takes<Net, 2>) return 2;
+  else if constexpr (forward_takes<Net, 4>) return 4;
+  else if constexpr (forward_takes<Net, 3>) return 3;
+  else if constexpr (forward_takes<Net, 1>) return 1;
+  else {
+    static_assert(::locus::detail::always_false<Net>,
+                  "locus: nn::model<Net> needs Net::forward(const var<R>& x) returning a value (var<2> for a "
+                  "classifier's logits); write auto forward(const typename Net::template var<2>& x) { ... }");
+    return 2;
+  }
+}
+}  // namespace detail
+
+/// A module and everything it owns: the parameters (one store, PyTorch's dotted names),
+/// the layers' buffers, and the tape of its training forward. It is what the trainer,
+/// optimizers, checkpoints, nn::save/nn::load and data_parallel take, as nn::sequential.
+template <class Net>
+class model {
+ public:
+  using device = typename Net::device;
+  using policy = typename Net::policy;
+  using C = typename policy::compute;
+  using M = typename policy::master;
+  using store_type = parameter_store<device, policy>;
+  static constexpr std::size_t input_rank = detail::module_input_rank<Net>();
+  using input_view = tensor_view<const C, device, input_rank>;
+  using out_var = std::remove_cvref_t<decltype(std::declval<Net&>().forward(
+      std::declval<const ag::var<C, device, input_rank>&>()))>;
+  static_assert(ag::is_var_v<out_var>, "locus: Net::forward must return a value (an ag::var) of the module's dtype");
+  static constexpr std::size_t output_rank = out_var::rank;
+  using output_view = tensor_view<const C, device, output_rank>;
+  using view = output_view;
+  /// A module may hold a dropout layer: the trainer's graph mode refuses modules (a
+  /// replay would repeat a captured mask).
+  static constexpr bool has_dropout = true;
+
+  /// Builds Net(args...) with its parameters registered, allocates them and initialises
+  /// them from seed 0.
+  template <class... A>
+  explicit model(A&&... args) : reg_(std::make_unique<detail::registry<device, policy>>()) {
+    {
+      const detail::registry_scope<device, policy> scope(reg_.get(), "");
+      net_ = std::make_unique<Net>(std::forward<A>(args)...);
+    }
+    reg_->store.allocate();
+    for (auto& e : reg_->layers) e.bind(reg_->store);
+    reset_parameters(0);
+    for (auto& e : reg_->layers) e.buffers(reg_->buffers);
+  }
+  model(model&&) noexcept = default;
+  model& operator=(model&&) noexcept = default;
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+
+  /// Re-draws every parameter as PyTorch initialises it (each layer from Philox(seed)),
+  /// and resets the buffers.
+  void reset_parameters(std::uint64_t seed) {
+    seed_ = seed;
+    for (auto& e : reg_->layers) e.reset(seed);
+    reg_->store.sync_compute();
+  }
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+
+  /// The module (its layers and children, to read or hook).
+  [[nodiscard]] Net& net() noexcept { return *net_; }
+  [[nodiscard]] const Net& net() const noexcept { return *net_; }
+
+  store_type& parameters() & noexcept { return reg_->store; }
+  const store_type& parameters() const& noexcept { return reg_->store; }
+  template <class Model = model>
+  const auto& parameters() const&& {
+    static_assert(::locus::detail::always_false<Model>, LOCUS_TEMPORARY_MODEL_MESSAGE("parameters()"));
+    return reg_->store;
+  }
+
+  /// The training forward: records the module's forward on the model's tape (reset
+  /// first: the last step's values end here). x must stay alive until backward.
+  output_view forward(const input_view& x) {
+    tape_->reset();
+    tape_->set_training(true);
+    out_ = net_->forward(tape_->constant(x));
+    return out_.value();
+  }
+  /// Backpropagates dL/d(output) through the tape: parameter gradients go to the store
+  /// (written where discard_grad left them, added otherwise). The input's gradient is
+  /// not computed (an empty view).
+  input_view backward(const output_view& gy, bool need_input_grad = false) {
+    (void)need_input_grad;
+    tape_->backward(out_, gy);
+    return {};
+  }
+  /// The inference forward: the module's forward with the tape in inference mode (batch
+  /// norm's running statistics, no dropout), nothing recorded for backward.
+  tensor<C, device, output_rank> infer(const input_view& x) const {
+    infer_tape_->reset();
+    infer_tape_->set_training(false);
+    const auto y = const_cast<Net&>(*net_).forward(infer_tape_->constant(x));
+    tensor<C, device, output_rank> out(y.shape());
+    ::locus::copy(y.value(), out);
+    return out;
+  }
+
+  /// Calls f(index, layer) for every layer (registration order); layer is a
+  /// detail::layer_ref: has_hooks(), counter()/set_counter() (dropout), name().
+  template <class F>
+  void for_each_layer(F&& f) {
+    std::size_t i = 0;
+    for (auto& e : reg_->layers) f(i++, *e.layer);
+  }
+  template <class F>
+  void for_each_layer(F&& f) const {
+    std::size_t i = 0;
+    for (const auto& e : reg_->layers) f(i++, std::as_const(*e.layer));
+  }
+  /// Calls f(name, view) for every buffer (batch norm's running statistics and count),
+  /// named as PyTorch names them ("layer1.bn1.running_mean").
+  template <class F>
+  void for_each_buffer(F&& f) {
+    for (auto& [name, v] : reg_->buffers) std::visit([&](auto& view) { f(name, view); }, v);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) const {
+    for (const auto& [name, v] : reg_->buffers)
+      std::visit([&](const auto& view) { f(name, ::locus::detail::as_view_const(view)); }, v);
+  }
+  /// Every dropout layer draws rank `rank`'s stream (dist::data_parallel).
+  void set_dropout_rank(std::uint64_t rank) noexcept {
+    for (auto& e : reg_->layers) e.layer->set_rank_stream(rank);
+  }
+
+  /// Each layer by its dotted name with its parameter count, then the total.
+  [[nodiscard]] std::string summary() const {
+    std::string out;
+    index_t total = 0;
+    for (const auto& e : reg_->layers) {
+      out += "  " + e.layer->name() + "  " + e.layer->describe() + "  " + std::to_string(e.layer->parameter_count()) + "\n";
+      total += e.layer->parameter_count();
+    }
+    out += "  total: " + std::to_string(total) + " parameters\n";
+    return out;
+  }
+
+  /// The tape of the last training forward (operations recorded, values).
+  [[nodiscard]] const ag::tape<C, device>& tape() const noexcept { return *tape_; }
+
+ private:
+  std::unique_ptr<detail::registry<device, policy>> reg_;
+  std::unique_ptr<Net> net_;
+  // (behind pointers: values point at their tape, and the model moves)
+  std::unique_ptr<ag::tape<C, device>> tape_ = std::make_unique<ag::tape<C, device>>();
+  std::unique_ptr<ag::tape<C, device>> infer_tape_ = std::make_unique<ag::tape<C, device>>();
+  out_var out_;
+  std::uint64_t seed_ = 0;
+};
+
+}  // namespace locus::nn
