@@ -211,8 +211,22 @@ class layer final : public detail::layer_ref {
   template <class V>
     requires ag::is_var_v<V>
   auto operator()(const V& x) {
-    static_assert(std::is_same_v<typename V::device, device> && std::is_same_v<typename V::value_type, C>,
-                  "locus: a layer is called on a value of another device or dtype than its own");
+    if constexpr (!std::is_same_v<typename V::device, device>) {
+      static_assert(::locus::detail::always_false<V>,
+                    "locus: a module's layer lives on another device than the module (or than the value it is "
+                    "called on); declare it with the module's device: nn::layer<nn::linear<D, P>>");
+    } else if constexpr (!std::is_same_v<typename V::value_type, C>) {
+      static_assert(::locus::detail::always_false<V>,
+                    "locus: a module's layer has another precision policy than the module (its compute dtype "
+                    "differs from the value's); declare it with the module's policy: nn::layer<nn::linear<D, P>>");
+    } else {
+      return call(x);
+    }
+  }
+
+ private:
+  template <class V>
+  auto call(const V& x) {
     auto& t = ag::detail::owner(x, "a module's layer");
     if (called_ == t.generation() && called_tape_ == &t)
       throw autograd_error("locus: layer '" + full_name_ +
@@ -242,6 +256,7 @@ class layer final : public detail::layer_ref {
     return out;
   }
 
+ public:
   /// The layer itself (its options, weight(), hooks: add_forward_hook works here).
   [[nodiscard]] L& get() noexcept { return l_; }
   [[nodiscard]] const L& get() const noexcept { return l_; }
@@ -448,12 +463,17 @@ class model {
   /// named as PyTorch names them ("layer1.bn1.running_mean").
   template <class F>
   void for_each_buffer(F&& f) {
-    for (auto& [name, v] : reg_->buffers) std::visit([&](auto& view) { f(name, view); }, v);
+    for (auto& b : reg_->buffers) {
+      const std::string& name = b.first;
+      std::visit([&](auto& view) { f(name, view); }, b.second);
+    }
   }
   template <class F>
   void for_each_buffer(F&& f) const {
-    for (const auto& [name, v] : reg_->buffers)
-      std::visit([&](const auto& view) { f(name, ::locus::detail::as_view_const(view)); }, v);
+    for (const auto& b : reg_->buffers) {
+      const std::string& name = b.first;
+      std::visit([&](const auto& view) { f(name, ::locus::detail::as_view_const(view)); }, b.second);
+    }
   }
   /// Every dropout layer draws rank `rank`'s stream (dist::data_parallel).
   void set_dropout_rank(std::uint64_t rank) noexcept {
