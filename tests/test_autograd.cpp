@@ -244,3 +244,51 @@ TEST_CASE("autograd: a step at unchanged shapes reuses the tape's buffers and no
   }
   CHECK(t.operations() == 6);
 }
+
+namespace {
+/// y = x^3 with its own backward (3 x^2 g): a user's operation.
+struct cube {
+  locus::extents<2> shape(const locus::extents<2>& in) const { return in; }
+  void forward(const locus::tensor_view<T, D, 2>& out, const locus::tensor_view<const T, D, 2>& x) const {
+    out = x * x * x;
+  }
+  void backward(const locus::tensor_view<const T, D, 2>& g, const locus::tensor_view<const T, D, 2>& x,
+                const locus::tensor_view<const T, D, 2>&, const locus::tensor_view<T, D, 2>& gx) const {
+    gx = g * x * x * 3.0;
+  }
+};
+/// out[i] = sum_j a[i, j] * b[j] (a matrix-vector product), both gradients by hand.
+struct matvec {
+  locus::extents<1> shape(const locus::extents<2>& a, const locus::extents<1>&) const { return {a[0]}; }
+  void forward(const locus::tensor_view<T, D, 1>& out, const locus::tensor_view<const T, D, 2>& a,
+               const locus::tensor_view<const T, D, 1>& b) const {
+    for (index_t i = 0; i < a.shape()[0]; ++i) {
+      double s = 0;
+      for (index_t j = 0; j < a.shape()[1]; ++j) s += a(i, j) * b(j);
+      out(i) = s;
+    }
+  }
+  void backward(const locus::tensor_view<const T, D, 1>& g, const locus::tensor_view<const T, D, 2>& a,
+                const locus::tensor_view<const T, D, 1>& b, const locus::tensor_view<const T, D, 1>&,
+                const locus::tensor_view<T, D, 2>& ga, const locus::tensor_view<T, D, 1>& gb) const {
+    for (index_t j = 0; j < a.shape()[1]; ++j) gb(j) = 0;
+    for (index_t i = 0; i < a.shape()[0]; ++i)
+      for (index_t j = 0; j < a.shape()[1]; ++j) {
+        ga(i, j) = g(i) * b(j);
+        gb(j) += g(i) * a(i, j);
+      }
+  }
+};
+}  // namespace
+
+TEST_CASE("autograd: operations of your own (ag::apply) with their backward, used twice, against finite differences") {
+  auto x = random(3, 4, 40), v = random(1, 4, 41);
+  check_gradients([](tape_t&, auto& in) { return ag::sum(ag::apply(cube{}, in[0]) + ag::apply(cube{}, in[0])); },
+                  {&x});
+  check_gradients(
+      [](tape_t&, auto& in) {
+        const auto y = ag::apply(matvec{}, ag::tanh(in[0]), ag::reshape(in[1], locus::extents<1>{4}));
+        return ag::sum(y * y);
+      },
+      {&x, &v});
+}

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -788,4 +790,118 @@ var<T, D, 2> flatten(const var<T, D, R>& x) {
   return reshape(x, extents<2>{n, rest});
 }
 
+}  // namespace locus::ag
+
+// ---- operations of your own ---------------------------------------------------------------
+namespace locus::ag {
+namespace detail {
+template <class F, class T, class D, std::size_t RI, std::size_t RO>
+struct custom_unary_node final : node<T, D> {
+  std::optional<F> fn;
+  std::uint32_t x = 0, out = 0;
+  tensor_view<const T, D, RI> xv;
+  tensor_view<const T, D, RO> yv;
+  tensor<T, D, 1> scratch;
+  void backward(tape<T, D>& t) override {
+    const auto g = t.template grad_in<RO>(out, yv.shape());
+    if (g.data_handle() == nullptr || !t.wants_grad(x)) return;
+    auto [gx, fresh] = t.template grad_out<RI>(x, xv.shape());
+    if (fresh) {
+      fn->backward(g, xv, yv, gx);
+    } else {
+      ensure_flat(scratch, xv.numel());
+      const auto s = with_shape_mut<T, D, RI>(scratch.data_handle(), xv.shape(), scratch.device_index());
+      fn->backward(g, xv, yv, s);
+      gx += std::as_const(s);
+    }
+  }
+};
+
+template <class F, class T, class D, std::size_t RA, std::size_t RB, std::size_t RO>
+struct custom_binary_node final : node<T, D> {
+  std::optional<F> fn;
+  std::uint32_t a = 0, b = 0, out = 0;
+  tensor_view<const T, D, RA> av;
+  tensor_view<const T, D, RB> bv;
+  tensor_view<const T, D, RO> yv;
+  tensor<T, D, 1> sa, sb;
+  void backward(tape<T, D>& t) override {
+    const auto g = t.template grad_in<RO>(out, yv.shape());
+    if (g.data_handle() == nullptr) return;
+    const bool wa = t.wants_grad(a), wb = t.wants_grad(b);
+    if (!wa && !wb) return;
+    // the function writes both gradients into scratch; they are then stored or added
+    ensure_flat(sa, av.numel());
+    ensure_flat(sb, bv.numel());
+    const auto ga = with_shape_mut<T, D, RA>(sa.data_handle(), av.shape(), sa.device_index());
+    const auto gb = with_shape_mut<T, D, RB>(sb.data_handle(), bv.shape(), sb.device_index());
+    fn->backward(g, av, bv, yv, ga, gb);
+    if (wa) {
+      auto [dst, fresh] = t.template grad_out<RA>(a, av.shape());
+      put(dst, fresh, std::as_const(ga));
+    }
+    if (wb) {
+      auto [dst, fresh] = t.template grad_out<RB>(b, bv.shape());
+      put(dst, fresh, std::as_const(gb));
+    }
+  }
+};
+}  // namespace detail
+
+/// A differentiable operation of your own on one value: `fn` (copied into the tape
+/// entry) has
+///   extents<RO> shape(const extents<RI>& in) const;      the output's shape
+///   void forward(out, x);                                out: tensor_view<T, D, RO>
+///   void backward(grad_out, x, out, grad_x);             grad_x: written (not added)
+/// with x, out and grad_out views of const T. Its forward and backward may use any
+/// locus operation on those views (expressions, matmul_into, reductions). Check it
+/// against finite differences, as tests/test_autograd.cpp does.
+template <class F, class T, class D, std::size_t RI>
+auto apply(const F& fn, const var<T, D, RI>& x) {
+  auto& t = detail::owner(x, "ag::apply");
+  using shape_t = decltype(fn.shape(x.shape()));
+  constexpr std::size_t RO = std::tuple_size_v<shape_t>;
+  const extents<RO> os = fn.shape(x.shape());
+  auto out = t.template result<RO>(os, x.requires_grad());
+  if (x.requires_grad()) {
+    auto& n = t.template record<detail::custom_unary_node<F, T, D, RI, RO>>();
+    n.fn.emplace(fn);
+    n.x = detail::access::id(x);
+    n.out = detail::access::id(out);
+    n.xv = x.value();
+    n.yv = out.value();
+    n.fn->forward(t.writable(out), x.value());
+  } else {
+    F copy = fn;
+    copy.forward(t.writable(out), x.value());
+  }
+  return out;
+}
+
+/// The same for two values: shape(a, b), forward(out, a, b),
+/// backward(grad_out, a, b, out, grad_a, grad_b) (both gradients written).
+template <class F, class T, class D, std::size_t RA, std::size_t RB>
+auto apply(const F& fn, const var<T, D, RA>& a, const var<T, D, RB>& b) {
+  auto& t = detail::owner(a, b, "ag::apply");
+  using shape_t = decltype(fn.shape(a.shape(), b.shape()));
+  constexpr std::size_t RO = std::tuple_size_v<shape_t>;
+  const extents<RO> os = fn.shape(a.shape(), b.shape());
+  const bool rg = a.requires_grad() || b.requires_grad();
+  auto out = t.template result<RO>(os, rg);
+  if (rg) {
+    auto& n = t.template record<detail::custom_binary_node<F, T, D, RA, RB, RO>>();
+    n.fn.emplace(fn);
+    n.a = detail::access::id(a);
+    n.b = detail::access::id(b);
+    n.out = detail::access::id(out);
+    n.av = a.value();
+    n.bv = b.value();
+    n.yv = out.value();
+    n.fn->forward(t.writable(out), a.value(), b.value());
+  } else {
+    F copy = fn;
+    copy.forward(t.writable(out), a.value(), b.value());
+  }
+  return out;
+}
 }  // namespace locus::ag
