@@ -13,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <locus/data/loader.hpp>
+#include <locus/data/transforms.hpp>
 #include <locus/locus.hpp>
 
 #include <cstdlib>
