@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -291,4 +292,71 @@ TEST_CASE("autograd: operations of your own (ag::apply) with their backward, use
         return ag::sum(y * y);
       },
       {&x, &v});
+}
+
+// ---- the cases of the hostile review of autograd (kept as tests) ------------------------
+
+TEST_CASE("autograd review: a cross_entropy that throws leaves nothing on the tape, and the next backward is right") {
+  auto x = random(4, 3, 50), w = random(3, 3, 51);
+  const auto bad = locus::from_host<D>(std::vector<std::int64_t>{0, 7, 1, 2}, {4});
+  const auto good = locus::from_host<D>(std::vector<std::int64_t>{0, 2, 1, 2}, {4});
+  tape_t t;
+  const auto wv = t.leaf(w);
+  const auto logits = ag::matmul(t.constant(x), wv);
+  const auto ops = t.operations();
+  CHECK_THROWS_AS((void)ag::cross_entropy(logits, bad), locus::index_error);
+  CHECK_THROWS_AS((void)ag::cross_entropy(logits, good, -0.5f), locus::value_error);
+  CHECK_THROWS_AS((void)ag::cross_entropy(logits, good, std::nanf("")), locus::value_error);
+  CHECK(t.operations() == ops);
+  t.backward(ag::cross_entropy(logits, good));
+  const auto g = t.grad(wv);
+  // the same loss on a fresh tape, without the failed calls
+  tape_t u;
+  const auto w2 = u.leaf(w);
+  u.backward(ag::cross_entropy(ag::matmul(u.constant(x), w2), good));
+  const auto g2 = u.grad(w2);
+  for (index_t i = 0; i < 3; ++i)
+    for (index_t j = 0; j < 3; ++j) CHECK(g(i, j) == g2(i, j));
+}
+
+TEST_CASE("autograd review: a value of a destroyed tape is refused by a new tape at the same address") {
+  auto x = random(2, 2, 52);
+  std::optional<tape_t> t;
+  t.emplace();
+  const auto old = t->leaf(x);
+  t.reset();
+  t.emplace();  // very likely the same address
+  CHECK_THROWS_AS((void)ag::relu(old), locus::autograd_error);
+  CHECK_THROWS_AS(t->backward(ag::sum(old)), locus::autograd_error);
+}
+
+TEST_CASE("autograd review: views of mutable elements enter the tape, and flatten keeps an empty batch's features") {
+  auto x = random(6, 4, 53);
+  tape_t t;
+  const auto part = t.constant(x.slice(0, 4));  // a view of a named tensor: nothing dangles
+  CHECK(part.shape() == locus::extents<2>{4, 4});
+  const auto l = t.leaf(x.slice(2, 6));
+  CHECK(l.requires_grad());
+  auto e = locus::zeros<T, D>({0, 3, 4});
+  const auto f = ag::flatten(t.constant(e));
+  CHECK(f.shape() == locus::extents<2>{0, 12});
+}
+
+TEST_CASE("autograd review: matmul and linear on bf16 tapes, against the f32 gradients") {
+  auto xf = locus::rand<float, D>({5, 4}, 60, -1.0, 1.0), wf = locus::rand<float, D>({3, 4}, 61, -1.0, 1.0);
+  auto xb = locus::eval(locus::cast<locus::bf16>(xf));
+  auto wb = locus::eval(locus::cast<locus::bf16>(wf));
+  ag::tape<float, D> tf;
+  const auto wvf = tf.leaf(wf);
+  const auto hf = ag::linear(tf.constant(xf), wvf, ag::fused::tanh);
+  tf.backward(ag::sum(ag::matmul(hf, wvf) + ag::matmul(hf, wvf)));  // wf used three times: accumulation
+  ag::tape<locus::bf16, D> tb;
+  const auto wvb = tb.leaf(wb);
+  const auto hb = ag::linear(tb.constant(xb), wvb, ag::fused::tanh);
+  tb.backward(ag::sum(ag::matmul(hb, wvb) + ag::matmul(hb, wvb)));
+  const auto gf = tf.grad(wvf);
+  const auto gb = tb.grad(wvb);
+  for (index_t i = 0; i < 3; ++i)
+    for (index_t j = 0; j < 4; ++j)
+      CHECK(static_cast<float>(gb(i, j)) == doctest::Approx(gf(i, j)).epsilon(0.05).scale(1.0));
 }

@@ -260,3 +260,84 @@ TEST_CASE("modules: a layer called twice, branches of two shapes, and a module o
   using bare = mlp<cpu, P>;
   CHECK_THROWS_WITH_AS((void)bare(), doctest::Contains("built by nn::model"), locus::error);
 }
+
+// ---- the cases of the hostile review of modules (kept as tests) --------------------------
+namespace {
+template <class D, class P>
+struct dup_names : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> a{this, "fc", 4, 4};
+  nn::layer<nn::linear<D, P>> b{this, "fc", 4, 4};
+  auto forward(const typename dup_names::template var<2>& x) { return b(a(x)); }
+};
+template <class D, class P>
+struct inner : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> b{this, "b", 4, 4};
+  auto forward(const typename inner::template var<2>& x) { return b(x); }
+};
+template <class D, class P>
+struct dotted : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> ab{this, "a.b", 4, 4};
+  nn::child<inner<D, P>> a{this, "a"};
+  auto forward(const typename dotted::template var<2>& x) { return a(ab(x)); }
+};
+template <class D, class P>
+struct unnamed : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> a{this, "", 4, 4};
+  auto forward(const typename unnamed::template var<2>& x) { return a(x); }
+};
+template <class D, class P>
+struct local_helper : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> a{this, "a", 4, 4};
+  local_helper() { inner<D, P> helper; (void)helper; }  // a module that would not live as long as the model
+  auto forward(const typename local_helper::template var<2>& x) { return a(x); }
+};
+template <class D, class P>
+struct late_layer : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> a{this, "a", 4, 4};
+  auto forward(const typename late_layer::template var<2>& x) {
+    nn::layer<nn::relu<D, P>> r{this, "r"};  // made in forward
+    return r(a(x));
+  }
+};
+template <class D, class P>
+struct flat_net : nn::module<D, P> {
+  nn::layer<nn::flatten<D, P>> f{this, "flatten"};
+  nn::layer<nn::linear<D, P>> fc{this, "fc", 12, 2};
+  auto forward(const typename flat_net::template var<4>& x) { return fc(f(x)); }
+};
+}  // namespace
+
+TEST_CASE("modules review: names that would repeat or are empty, modules outside the tree and layers made late are refused") {
+  using P = locus::amp::fp32;
+  using dup_model = nn::model<dup_names<cpu, P>>;
+  using dotted_model = nn::model<dotted<cpu, P>>;
+  using unnamed_model = nn::model<unnamed<cpu, P>>;
+  using local_model = nn::model<local_helper<cpu, P>>;
+  CHECK_THROWS_WITH_AS((void)dup_model(), doctest::Contains("layer 'fc' collides"), locus::value_error);
+  CHECK_THROWS_WITH_AS((void)dotted_model(), doctest::Contains("collides"), locus::value_error);
+  CHECK_THROWS_WITH_AS((void)unnamed_model(), doctest::Contains("must be non-empty"), locus::value_error);
+  CHECK_THROWS_WITH_AS((void)local_model(), doctest::Contains("not on its own"), locus::error);
+  nn::model<late_layer<cpu, P>> m;
+  const auto x = locus::randn<float, cpu>({2, 4}, 1);
+  CHECK_THROWS_WITH_AS((void)m.forward(x.view()), doctest::Contains("was made after its model was built"),
+                       locus::error);
+  nn::model<inner<cpu, P>> fresh;
+  const auto g = locus::randn<float, cpu>({2, 4}, 2);
+  CHECK_THROWS_WITH_AS((void)fresh.backward(g.view()), doctest::Contains("before any forward"), locus::autograd_error);
+}
+
+TEST_CASE("modules review: a module called on a fresh tape each time, and an empty batch through flatten") {
+  using P = locus::amp::fp32;
+  nn::model<inner<cpu, P>> m;
+  const auto x = locus::randn<float, cpu>({3, 4}, 3);
+  for (int i = 0; i < 3; ++i) {  // the input's gradient through the module, a new tape each time
+    ag::tape<float, cpu> t;
+    const auto xv = t.leaf(x);
+    t.backward(ag::sum(m.net().forward(xv)));
+    CHECK(t.grad(xv).shape() == locus::extents<2>{3, 4});
+  }
+  nn::model<flat_net<cpu, P>> f;
+  const auto empty = locus::zeros<float, cpu>({0, 3, 2, 2});
+  const auto y = f.infer(empty.view());
+  CHECK(y.shape() == locus::extents<2>{0, 2});
+}

@@ -382,8 +382,25 @@ var<T, D, R> log(const var<T, D, R>& x) {
 
 // ---- matmul and linear --------------------------------------------------------------------
 namespace detail {
+/// dst = a b (fresh) or dst += a b: an accumulating GEMM for f32/f64; f16/bf16 through
+/// a scratch product and an addition (a GEMM does not accumulate into 16 bits).
+template <class T, class D, class A, class B>
+void gemm_put(const tensor_view<T, D, 2>& dst, bool fresh, const A& a, const B& b, tensor<T, D, 1>& scratch) {
+  if (fresh) {
+    matmul_into(dst, a, b);
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    matmul_into(dst, a, b, ::locus::accumulate);
+  } else {
+    ensure_flat(scratch, dst.numel());
+    const auto s = with_shape_mut<T, D, 2>(scratch.data_handle(), dst.shape(), scratch.device_index());
+    matmul_into(s, a, b);
+    dst += std::as_const(s);
+  }
+}
+
 template <class T, class D>
 struct matmul_node final : node<T, D> {
+  tensor<T, D, 1> scratch;
   std::uint32_t a = 0, b = 0, out = 0;
   tensor_view<const T, D, 2> av, bv;
   void backward(tape<T, D>& t) override {
@@ -392,13 +409,11 @@ struct matmul_node final : node<T, D> {
     if (g.data_handle() == nullptr) return;
     if (t.wants_grad(a)) {  // dA = G B^T
       auto [ga, fresh] = t.template grad_out<2>(a, av.shape());
-      if (fresh) matmul_into(ga, g, transpose(bv));
-      else matmul_into(ga, g, transpose(bv), ::locus::accumulate);
+      gemm_put(ga, fresh, g, transpose(bv), scratch);
     }
     if (t.wants_grad(b)) {  // dB = A^T G
       auto [gb, fresh] = t.template grad_out<2>(b, bv.shape());
-      if (fresh) matmul_into(gb, transpose(av), g);
-      else matmul_into(gb, transpose(av), g, ::locus::accumulate);
+      gemm_put(gb, fresh, transpose(av), g, scratch);
     }
   }
 };
@@ -412,7 +427,7 @@ struct linear_node final : node<T, D> {
   bool has_bias = false;
   act_kind act = act_kind::none;
   tensor_view<const T, D, 2> xv, wv, yv;
-  tensor<T, D, 1> z, dz;
+  tensor<T, D, 1> z, dz, scratch;
   void backward(tape<T, D>& t) override {
     const auto g = t.template grad_in<2>(out, yv.shape());
     if (g.data_handle() == nullptr) return;
@@ -439,13 +454,11 @@ struct linear_node final : node<T, D> {
     }
     if (t.wants_grad(w)) {  // dW = dZ^T X
       auto [gw, fresh] = t.template grad_out<2>(w, wv.shape());
-      if (fresh) matmul_into(gw, transpose(d), xv);
-      else matmul_into(gw, transpose(d), xv, ::locus::accumulate);
+      gemm_put(gw, fresh, transpose(d), xv, scratch);
     }
     if (t.wants_grad(x)) {  // dX = dZ W
       auto [gx, fresh] = t.template grad_out<2>(x, xv.shape());
-      if (fresh) matmul_into(gx, d, wv);
-      else matmul_into(gx, d, wv, ::locus::accumulate);
+      gemm_put(gx, fresh, d, wv, scratch);
     }
   }
 };
@@ -538,6 +551,18 @@ constexpr act_kind kind_of(fused f) noexcept {
 }
 }  // namespace detail
 
+// Prevents: a linear over values of two devices or dtypes ("no matching function").
+template <class X, class W, class B>
+  requires(is_var_v<X> && is_var_v<W> && is_var_v<B> &&
+           !(std::is_same_v<typename X::value_type, typename W::value_type> &&
+             std::is_same_v<typename X::value_type, typename B::value_type> &&
+             std::is_same_v<typename X::device, typename W::device> &&
+             std::is_same_v<typename X::device, typename B::device>))
+int linear(const X&, const W&, const B&, fused = fused::none) {
+  if constexpr (detail::check_pair<X, W>()) (void)detail::check_pair<X, B>();
+  return 0;
+}
+
 /// act(x w^T + b): x [N, in], w [out, in] (PyTorch's layout), b [out]; one tape entry.
 template <class T, class D>
 var<T, D, 2> linear(const var<T, D, 2>& x, const var<T, D, 2>& w, const var<T, D, 1>& b, fused act = fused::none) {
@@ -569,8 +594,13 @@ template <::locus::detail::reduce_kind K, class T, class D, std::size_t R>
 var<T, D, 0> reduce(const var<T, D, R>& x, const char* what) {
   auto& t = owner(x, what);
   auto& n = t.template record<reduce_node<T, D, R>>();
-  if (n.acc.data_handle() == nullptr) n.acc = tensor<T, D, 0>(extents<0>{});
-  ::locus::detail::reduce_all_into<K>(::locus::detail::to_expr(x.value()), n.acc, 0.0);
+  try {
+    if (n.acc.data_handle() == nullptr) n.acc = tensor<T, D, 0>(extents<0>{});
+    ::locus::detail::reduce_all_into<K>(::locus::detail::to_expr(x.value()), n.acc, 0.0);
+  } catch (...) {
+    t.unrecord();
+    throw;
+  }
   // the node owns the result's memory (stable until the node is reused next step)
   auto out = t.template alias<0>(std::as_const(n.acc).view(), x.requires_grad());
   n.x = access::id(x);
@@ -718,7 +748,20 @@ var<T, D, 0> cross_entropy(const var<T, D, 2>& logits, const tensor_view<const s
   if (labels.shape()[0] != logits.shape()[0])
     throw shape_error("locus: ag::cross_entropy of logits " + detail::shape_text(logits.shape()) + " and labels " +
                       detail::shape_text(labels.shape()) + ": one label per row");
+  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+    throw value_error("locus: ag::cross_entropy label_smoothing must be in [0, 1], got " +
+                      std::to_string(label_smoothing));
+  detail::check_contiguous_value(logits, "ag::cross_entropy");
+  if (!labels.is_contiguous())
+    throw shape_error("locus: ag::cross_entropy needs contiguous labels; pass a tensor or a contiguous view");
   auto& n = t.template record<detail::cross_entropy_node<T, D>>();
+  struct undo {  // a failure below (a label out of range) takes the entry back
+    tape<T, D>& t;
+    bool armed = true;
+    ~undo() {
+      if (armed) t.unrecord();
+    }
+  } guard{t};
   if (!n.state || n.smoothing != label_smoothing) {
     n.state = std::make_unique<typename detail::cross_entropy_node<T, D>::state_t>(
         ::locus::nn::cross_entropy{.label_smoothing = label_smoothing});
@@ -731,6 +774,7 @@ var<T, D, 0> cross_entropy(const var<T, D, 2>& logits, const tensor_view<const s
   n.state->forward_into(n.loss, logits.value(), labels);
   ::locus::detail::assign_expr(n.value.view(), ::locus::cast<T>(std::as_const(n.loss).view()));
   auto out = t.template alias<0>(std::as_const(n.value).view(), logits.requires_grad());
+  guard.armed = false;
   n.x = detail::access::id(logits);
   n.out = detail::access::id(out);
   n.shape = logits.shape();
@@ -785,9 +829,9 @@ var<T, D, R2> reshape(const var<T, D, R>& x, const index_t (&shape)[R2]) {
 template <class T, class D, std::size_t R>
 var<T, D, 2> flatten(const var<T, D, R>& x) {
   static_assert(R >= 1, "locus: ag::flatten needs a value with a batch axis (rank 1 or more)");
-  const index_t n = x.shape()[0];
-  const index_t rest = n == 0 ? 0 : x.numel() / n;
-  return reshape(x, extents<2>{n, rest});
+  index_t rest = 1;  // the other extents multiplied (an empty batch keeps them: [0, 3, 4] -> [0, 12])
+  for (std::size_t i = 1; i < R; ++i) rest *= x.shape()[i];
+  return reshape(x, extents<2>{x.shape()[0], rest});
 }
 
 }  // namespace locus::ag
@@ -876,6 +920,16 @@ auto apply(const F& fn, const var<T, D, RI>& x) {
     copy.forward(t.writable(out), x.value());
   }
   return out;
+}
+
+// Prevents: ag::apply over values of two devices or dtypes ("no matching function").
+template <class F, class A, class B>
+  requires(is_var_v<A> && is_var_v<B> &&
+           !(std::is_same_v<typename A::value_type, typename B::value_type> &&
+             std::is_same_v<typename A::device, typename B::device>))
+int apply(const F&, const A&, const B&) {
+  (void)detail::check_pair<A, B>();
+  return 0;
 }
 
 /// The same for two values: shape(a, b), forward(out, a, b),

@@ -34,6 +34,7 @@
 // step's generation number, which every value carries).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,6 +69,13 @@ class tape;
 
 namespace detail {
 struct access;
+
+/// Step numbers unique in the process (every tape's every step): a value of a tape that
+/// was destroyed is refused by a new tape at the same address.
+inline std::uint64_t next_generation() noexcept {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 // Prevents: backward() from a value that is not a scalar loss (PyTorch: "grad can be
 // implicitly created only for scalar outputs", at run time).
@@ -202,6 +210,43 @@ class tape {
   var<T, D, R> constant(const tensor<T, D, R>& x) {
     return external(x.view(), false);
   }
+  /// A view of mutable elements (t.slice(0, 4) of a named tensor) is taken as const.
+  template <std::size_t R>
+  var<T, D, R> constant(const tensor_view<T, D, R>& x) {
+    return external(tensor_view<const T, D, R>(x), false);
+  }
+  template <std::size_t R>
+  var<T, D, R> leaf(const tensor_view<T, D, R>& x) {
+    return external(tensor_view<const T, D, R>(x), true);
+  }
+  // Prevents: constant/leaf of another device's or dtype's tensor (one tape, one device
+  // and one dtype), and of a const temporary tensor.
+  template <class X>
+    requires(::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_tensor ||
+             ::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_view)
+  auto constant(const X& x) {
+    return foreign<X>(x, false);
+  }
+  template <class X>
+    requires(::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_tensor ||
+             ::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_view)
+  auto leaf(const X& x) {
+    return foreign<X>(x, true);
+  }
+  template <std::size_t R>
+  var<T, D, R> constant(const tensor<T, D, R>&& x) {
+    static_assert(::locus::detail::always_false_v<R>, "locus: tape.constant() of a temporary tensor would dangle: the tape reads it until "
+                              "backward, but it is freed at the end of the statement; keep it in a variable first: "
+                              "auto x = ...; then tape.constant(x)");
+    return external(x.view(), false);
+  }
+  template <std::size_t R>
+  var<T, D, R> leaf(const tensor<T, D, R>&& x) {
+    static_assert(::locus::detail::always_false_v<R>, "locus: tape.leaf() of a temporary tensor would dangle: the tape reads it until "
+                              "backward, but it is freed at the end of the statement; keep it in a variable first: "
+                              "auto x = ...; then tape.leaf(x)");
+    return external(x.view(), true);
+  }
   template <std::size_t R>
   var<T, D, R> constant(tensor<T, D, R>&& x) {
     static_assert(::locus::detail::always_false_v<R>, "locus: tape.constant() of a temporary tensor would dangle: the tape reads it until "
@@ -300,10 +345,19 @@ class tape {
     return {::locus::detail::raw_view_key{}, s.grad.data_handle(), v.shape(), s.grad.device_index()};
   }
 
+  // Prevents: grad() of a value of another tape's device or dtype.
+  template <class V>
+    requires(is_var_v<V> && !std::is_same_v<typename V::value_type, T>) ||
+            (is_var_v<V> && !std::is_same_v<typename V::device, D>)
+  int grad(const V&) {
+    (void)check_same_types<V>();
+    return 0;
+  }
+
   /// Forgets the step: values of it are refused from now on; buffers and nodes are
   /// kept for the next step (no allocation at unchanged shapes).
   void reset() noexcept {
-    ++generation_;
+    generation_ = detail::next_generation();
     used_ = 0;
     nodes_used_ = 0;
     done_ = false;
@@ -371,6 +425,16 @@ class tape {
     return static_cast<N&>(*nodes_[nodes_used_++]);
   }
 
+  /// Takes back the node record() just gave (the operation then failed before it
+  /// changed anything: nothing of it stays on the tape).
+  void unrecord() noexcept {
+    if (nodes_used_ > 0) --nodes_used_;
+  }
+  /// Takes back the value result()/alias() just made.
+  void unresult() noexcept {
+    if (used_ > 0) --used_;
+  }
+
   /// The gradient that reached value `id` (a view of `shape`), or a null view when none
   /// did (then the node has nothing to propagate).
   template <std::size_t R>
@@ -403,6 +467,16 @@ class tape {
     bool requires_grad = false;
     bool grad_written = false;
   };
+
+  template <class X>
+  int foreign(const X&, bool) {
+    using tr = ::locus::detail::tensor_traits<std::remove_cvref_t<X>>;
+    if constexpr (::locus::detail::require_same_operand_device<typename tr::device, D>()) {
+      if constexpr (::locus::detail::require_same_operand_dtype<typename tr::value_type, T>())
+        static_assert(::locus::detail::always_false<X>, "locus: this tensor cannot enter the tape");
+    }
+    return 0;
+  }
 
   template <class V>
   static constexpr bool check_same_types() {
@@ -441,7 +515,7 @@ class tape {
   std::vector<std::unique_ptr<node<T, D>>> nodes_;
   std::size_t nodes_used_ = 0;
   std::vector<std::function<void()>> after_backward_;
-  std::uint64_t generation_ = 1;
+  std::uint64_t generation_ = detail::next_generation();
   bool done_ = false;
   bool training_ = true;
 };

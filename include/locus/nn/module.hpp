@@ -86,6 +86,8 @@ class registry {
 
   store_type store;
   std::vector<entry> layers;
+  std::vector<std::string> names;  // every layer's and child's full name (duplicates refused)
+  int tickets = 0;  // modules that may be constructed now: nn::model's root, an nn::child's module
   std::vector<std::pair<std::string, buffer_view>> buffers;
   std::string prefix;  // of the module being constructed
 };
@@ -96,25 +98,46 @@ registry<D, Policy>*& current_registry() noexcept {
   return r;
 }
 
+/// A layer's or child's name: non-empty, no leading, trailing or doubled dot, not taken.
+template <class Registry>
+std::string claim_name(Registry& r, const std::string& prefix, const std::string& name, const char* what) {
+  const bool bad = name.empty() || name.front() == '.' || name.back() == '.' || name.find("..") != std::string::npos;
+  if (bad)
+    throw value_error(std::string("locus: ") + what + " name '" + name + "' in module '" + prefix +
+                      "' must be non-empty, without a leading, trailing or doubled '.' (its parameters are named "
+                      "'<module>.<name>.weight')");
+  std::string full = prefix + name;
+  for (const auto& n : r.names)
+    if (n == full)
+      throw value_error(std::string("locus: ") + what + " '" + full + "' collides with '" + n +
+                        "' (two layers or children of one name, or a dotted name that a child's layer spells): "
+                        "parameter names would repeat; rename one");
+  r.names.push_back(full);
+  return full;
+}
+
 /// Sets the registry and prefix for the modules constructed in its scope.
 template <Device D, class Policy>
 class registry_scope {
  public:
   registry_scope(registry<D, Policy>* r, std::string prefix)
-      : previous_(current_registry<D, Policy>()), previous_prefix_(r->prefix) {
+      : previous_(current_registry<D, Policy>()), previous_prefix_(r->prefix), previous_tickets_(r->tickets) {
     current_registry<D, Policy>() = r;
     r->prefix = std::move(prefix);
+    r->tickets = 1;  // the one module this scope constructs
   }
   registry_scope(const registry_scope&) = delete;
   registry_scope& operator=(const registry_scope&) = delete;
   ~registry_scope() {
     current_registry<D, Policy>()->prefix = previous_prefix_;
+    current_registry<D, Policy>()->tickets = previous_tickets_;
     current_registry<D, Policy>() = previous_;
   }
 
  private:
   registry<D, Policy>* previous_;
   std::string previous_prefix_;
+  int previous_tickets_;
 };
 
 // Prevents: a layer of another device or policy inside a module (its parameters would
@@ -152,10 +175,12 @@ class module {
   using var = ag::var<C, D, R>;
 
   module() : registry_(detail::current_registry<D, policy>()) {
-    if (registry_ == nullptr)
+    if (registry_ == nullptr || registry_->tickets <= 0)
       throw ::locus::error(
           "locus: a module is built by nn::model<Net> (which owns its parameters: locus::nn::model<Net> m;) or as "
-          "a member nn::child<Net> of another module, not on its own");
+          "a member nn::child<Net> of another module, not on its own (a local variable or a plain member would "
+          "register layers that do not live as long as the model)");
+    --registry_->tickets;
     prefix_ = registry_->prefix;
   }
   module(const module&) = delete;
@@ -185,7 +210,11 @@ class layer final : public detail::layer_ref {
   layer(Parent* parent, std::string name, A&&... args) : l_(std::forward<A>(args)...), name_(std::move(name)) {
     static_assert(detail::require_module_layer<L, typename Parent::device, typename Parent::policy>());
     auto* reg = parent->registry();
-    full_name_ = parent->prefix() + name_;
+    if (detail::current_registry<device, policy>() != reg)
+      throw ::locus::error("locus: layer '" + parent->prefix() + name_ +
+                           "' was made after its model was built (inside forward?); a layer is a member of its module, "
+                           "constructed with it");
+    full_name_ = detail::claim_name(*reg, parent->prefix(), name_, "layer");
     l_.declare(reg->store, full_name_ + ".");
     typename detail::registry<device, policy>::entry e;
     e.layer = this;
@@ -318,8 +347,13 @@ class child {
                       std::is_same_v<typename M::policy, typename Parent::policy>,
                   "locus: a child module has another device or precision policy than its parent; declare it with "
                   "the parent's: nn::child<block<D, P>>");
-    const detail::registry_scope<typename M::device, typename M::policy> scope(parent->registry(),
-                                                                                parent->prefix() + name + ".");
+    auto* reg = parent->registry();
+    if (detail::current_registry<typename M::device, typename M::policy>() != reg)
+      throw ::locus::error("locus: child module '" + parent->prefix() + name +
+                           "' was made after its model was built; a child is a member of its module, constructed "
+                           "with it");
+    const std::string full = detail::claim_name(*reg, parent->prefix(), name, "child module");
+    const detail::registry_scope<typename M::device, typename M::policy> scope(reg, full + ".");
     m_.emplace(std::forward<A>(args)...);
   }
   child(const child&) = delete;
@@ -433,6 +467,8 @@ class model {
   /// not computed (an empty view).
   input_view backward(const output_view& gy, bool need_input_grad = false) {
     (void)need_input_grad;
+    if (out_.owner() == nullptr)
+      throw autograd_error("locus: model backward() before any forward(); run forward(x) first");
     tape_->backward(out_, gy);
     return {};
   }
