@@ -71,9 +71,12 @@ TEST_CASE("unsafe_view: the one door for raw pointers checks what it can") {
   CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {3}, {-1}), locus::shape_error);
   constexpr locus::index_t big = std::numeric_limits<locus::index_t>::max();
   CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {big, 2}), locus::shape_error);
-  // the element count fits but the last offset does not
-  CHECK_NOTHROW((void)locus::unsafe_view<locus::cpu>(buf.data(), {3}, {big / 2}));  // last offset big - 1
+  // the element count fits but the last offset does not: in elements, and in bytes (the
+  // second hostile review: an offset that fits in elements but not in bytes overflowed
+  // the overlap checks)
   CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {4}, {big / 2}), locus::shape_error);
+  CHECK_THROWS_AS((void)locus::unsafe_view<locus::cpu>(buf.data(), {3}, {big / 2}), locus::shape_error);
+  CHECK_NOTHROW((void)locus::unsafe_view<locus::cpu>(buf.data(), {3}, {big / 16}));  // last byte at big / 2
   try {
     (void)locus::unsafe_view<locus::cpu>(static_cast<float*>(nullptr), {2, 3});
     FAIL("a null pointer with elements was accepted");

@@ -3,6 +3,8 @@
 // runs once per optimizer step, after N micro-batches were summed).
 #include <doctest/doctest.h>
 
+#include "resign_header.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -104,7 +106,7 @@ TEST_CASE("training: a checkpoint whose metadata is not a number is an io_error 
   const auto at = bytes.find(good);
   REQUIRE(at != std::string::npos);
   bytes.replace(at, good.size(), "\"epoch\":\"x\"");  // same length: the header stays valid JSON
-  spit(path, bytes);
+  spit(path, locus_test::resign_bytes(bytes));  // past the header's checksum, to the number check
 
   t.step(x, y);  // the trainer moves on: the failed load must not bring it back
   const auto before = masters(model);
@@ -337,6 +339,7 @@ TEST_CASE("checkpoints: a learning rate a float cannot hold, or a negative one, 
     CAPTURE(case_text);
     auto h = header;
     h["__metadata__"][key] = value;
+    locus_test::resign(h);  // past the header's checksum, to the learning-rate check
     spit(path, safetensors_bytes(h.dump(), data));
     try {
       locus::train::resume(path, t);
@@ -351,6 +354,7 @@ TEST_CASE("checkpoints: a learning rate a float cannot hold, or a negative one, 
   }
   auto h = header;
   h["__metadata__"]["lr"] = "3.0e38";  // large, but a float holds it
+  locus_test::resign(h);
   spit(path, safetensors_bytes(h.dump(), data));
   CHECK(locus::train::resume(path, t) == 1);
   CHECK(opt.lr() == 3.0e38);
