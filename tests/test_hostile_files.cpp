@@ -498,7 +498,7 @@ TEST_CASE("hostile checkpoints: metadata numbers are decimal digits, names are t
            std::tuple{"policy", "fp32 ", "policy 'fp32 '"},
            std::tuple{"optimizer", "sgd", "saved with optimizer 'sgd' but this trainer's optimizer is 'adamw'"},
            std::tuple{"optimizer", "adamw\n", R"(optimizer 'adamw\x0A')"},
-           std::tuple{"format", "locus-checkpoint-2", "format 'locus-checkpoint-2'"},
+           std::tuple{"format", "locus-checkpoint-3", "format 'locus-checkpoint-3'"},
        }) {
     const std::string case_text = std::string(key) + " = '" + value + "'";
     CAPTURE(case_text);

@@ -29,6 +29,8 @@
 #include <locus/locus.hpp>
 #include <locus/train.hpp>
 
+#include <nlohmann/json.hpp>
+
 namespace {
 namespace fs = std::filesystem;
 namespace nn = locus::nn;
@@ -243,4 +245,36 @@ TEST_CASE("hostile review: PyTorch-style scalar fills write every element, with 
   auto h = locus::zeros<locus::bf16, cpu>({2});
   h = 0.5;
   CHECK(static_cast<float>(h(1)) == 0.5f);
+}
+
+TEST_CASE("hostile review: a locus-model-2 file whose checksums were stripped is refused; a -1 file loads unverified") {
+  const fs::path p = scratch("stripped.safetensors");
+  auto m = make_model();
+  nn::save(p, m);
+  const std::string bytes = slurp(p);
+  const std::size_t n = header_length(bytes);
+  auto h = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  REQUIRE(h["__metadata__"]["format"] == "locus-model-2");
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : h["__metadata__"].items())
+    if (k.rfind("locus.crc32c.", 0) != 0 && k != "locus.header_crc32c") meta[k] = v;
+  h["__metadata__"] = meta;
+  const auto write = [&](const nlohmann::ordered_json& header, const fs::path& to) {
+    std::string text = header.dump();
+    while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>(text.size() >> (8 * i));
+    spit(to, out + text + bytes.substr(8 + n));
+  };
+  const fs::path stripped = scratch("stripped-2.safetensors");
+  write(h, stripped);
+  CHECK_THROWS_WITH_AS((void)locus::io::load<cpu>(stripped), doctest::Contains("checksums were removed"),
+                       locus::io_error);
+  h["__metadata__"]["format"] = "locus-model-1";  // as files written before checksums say
+  const fs::path old = scratch("old-1.safetensors");
+  write(h, old);
+  const auto a = locus::io::load<cpu>(old);
+  CHECK(a.verified_tensors() == 0);
+  auto m2 = make_model();
+  CHECK_NOTHROW(nn::load(old, m2));
 }

@@ -427,7 +427,7 @@ TEST_CASE("checkpoints: the file holds the state from before the save and a fres
   ++tensors;
   CHECK_FALSE(a.contains("scaler.state"));
   CHECK(a.entries().size() == tensors);  // nothing else
-  CHECK(a.metadata("format") == "locus-checkpoint-1");
+  CHECK(a.metadata("format") == "locus-checkpoint-2");
   CHECK(a.metadata("policy") == "fp32");
   CHECK(a.metadata("optimizer") == "adamw");
   CHECK(a.metadata("epoch") == "2");
@@ -809,7 +809,7 @@ TEST_CASE("nn::save and nn::load: a model's weights alone, round trip, bf16 comp
     CHECK(arch.entries().size() == 4);
     CHECK(arch.contains("0.weight"));
     CHECK(arch.contains("3.bias"));
-    CHECK(arch.metadata().at("format") == "locus-model-1");
+    CHECK(arch.metadata().at("format") == "locus-model-2");
   }
   SUBCASE("bf16_mixed: infer() uses the loaded weights at once (the compute copy is refreshed)") {
     using PB = locus::amp::bf16_mixed;

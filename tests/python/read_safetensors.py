@@ -78,7 +78,7 @@ with safe_open(f"{d}/values.safetensors", framework="numpy") as f:
 
 with safe_open(f"{d}/trainer.safetensors", framework="numpy") as f:
     m = f.metadata()
-    assert m["format"] == "locus-checkpoint-1" and m["epoch"] == "2" and m["optimizer"] == "adamw", m
+    assert m["format"] == "locus-checkpoint-2" and m["epoch"] == "2" and m["optimizer"] == "adamw", m
     assert m["optimizer_steps"] == "5", m
     shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     assert shapes["0.weight"] == (32, 16) and shapes["0.bias"] == (32,), shapes

@@ -32,7 +32,9 @@
 // header has its own CRC32C, "locus.header_crc32c": over every other metadata key and
 // value and every tensor's name, dtype and shape, so a flipped bit in the epoch, the
 // learning rate or a shape of a checkpoint is refused as well (a file with tensor
-// checksums and without it is corrupt).
+// checksums and without it is corrupt). A file whose "format" is locus's own
+// "locus-model-2" or "locus-checkpoint-2" must carry the checksums (stripping them is
+// refused); "-1" files, written before checksums, load unverified.
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
@@ -824,6 +826,13 @@ archive<D> load(const std::filesystem::path& path) {
         if (!a.meta_.count(std::string(checksum_key_prefix) + name))
           throw corrupt("tensor '" + detail::printable(name) + "' has no checksum although " + std::to_string(checked) +
                         " of its other tensors have one (a tensor added or renamed after locus wrote the file?)");
+    // A format of locus's that carries checksums, without any: they were stripped.
+    if (checked == 0 && !a.entries_.empty())
+      if (const auto f = a.meta_.find("format");
+          f != a.meta_.end() && (f->second == "locus-model-2" || f->second == "locus-checkpoint-2"))
+        throw corrupt("it says format '" + f->second +
+                      "', which locus writes with a CRC32C for every tensor, but it holds none: its checksums were "
+                      "removed after locus wrote it");
     a.verified_ = checked;
   }
   // A bool is 0 or 1: reading any other byte as a bool is undefined behaviour.

@@ -7,7 +7,8 @@
 // nn.Sequential gives them ("0.weight", "0.bias", ...), and the buffers (batch norm's
 // "1.running_mean", "1.running_var", "1.num_batches_tracked"), so torch's
 // `model.load_state_dict(safetensors.torch.load_file(path))` reads it, and
-// __metadata__ {"format": "locus-model-1", "policy": ...}. nn::load also reads a
+// __metadata__ {"format": "locus-model-2", "policy": ...} (-2: with checksums; nn::load
+// reads -1 files, written before checksums, unverified). nn::load also reads a
 // training checkpoint (train::save_checkpoint), taking its weights and ignoring the
 // optimizer and scaler state. A file of another model is shape_error listing every
 // mismatched tensor with both shapes; weights of another dtype (f32 for an fp64 model)
@@ -178,7 +179,7 @@ void save(const std::filesystem::path& path, const Model& model) {
   for (const auto& e : store.entries())
     detail::with_shape<const M, D>(base, e, [&](const auto& v) { w.add(e.name, v); });
   detail::add_buffers(w, model);
-  w.metadata("format", "locus-model-1");
+  w.metadata("format", "locus-model-2");
   w.metadata("policy", std::string(P::name));
   io::detail::make_parent_directories(path);
   w.save(path);

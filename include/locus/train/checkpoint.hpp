@@ -184,7 +184,7 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
   nn::detail::add_buffers(w, std::as_const(model));
   w.add("optimizer.step", t.optimizer().step_tensor());
   if constexpr (Trainer::has_scaler) w.add("scaler.state", t.scaler()->state_dict());
-  w.metadata("format", "locus-checkpoint-1");
+  w.metadata("format", "locus-checkpoint-2");
   w.metadata("epoch", std::to_string(epoch));
   w.metadata("micro_steps", std::to_string(t.micro_steps()));
   w.metadata("optimizer_steps", std::to_string(t.optimizer_steps()));
@@ -293,8 +293,11 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
   // The counters, read (and checked) before anything in the trainer changes.
   const auto& meta = a.metadata();
   const std::string& path = a.path();
-  detail::meta_name(meta, "format", "locus-checkpoint-1", path,
-                    "this version of locus reads locus-checkpoint-1 files");
+  // -2: with checksums (required by io::load); -1: written before them, read unverified
+  if (const auto f = meta.find("format");
+      f != meta.end() && f->second != "locus-checkpoint-1" && f->second != "locus-checkpoint-2")
+    throw io_error("locus: checkpoint '" + path + "' was saved with format '" + io::detail::printable(f->second) +
+                   "'; this version of locus reads locus-checkpoint-1 and locus-checkpoint-2 files");
   detail::meta_name(meta, "policy", P::name, path,
                     "resume with the precision policy the checkpoint was saved with");
   detail::meta_name(meta, "optimizer", Trainer::optimizer_kind, path,
