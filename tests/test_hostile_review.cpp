@@ -247,7 +247,7 @@ TEST_CASE("hostile review: PyTorch-style scalar fills write every element, with 
   CHECK(static_cast<float>(h(1)) == 0.5f);
 }
 
-TEST_CASE("hostile review: a locus-model-2 file whose checksums were stripped is refused; a -1 file loads unverified") {
+TEST_CASE("hostile review: a locus-model-2 file whose checksums were stripped is refused, and a -1 file loads unverified") {
   const fs::path p = scratch("stripped.safetensors");
   auto m = make_model();
   nn::save(p, m);
