@@ -244,10 +244,12 @@ class layer final : public detail::layer_ref {
       static_assert(::locus::detail::always_false<V>,
                     "locus: a module's layer lives on another device than the module (or than the value it is "
                     "called on); declare it with the module's device: nn::layer<nn::linear<D, P>>");
+      return ag::var<typename V::value_type, typename V::device, V::rank>{};  // (no errors after this one)
     } else if constexpr (!std::is_same_v<typename V::value_type, C>) {
       static_assert(::locus::detail::always_false<V>,
                     "locus: a module's layer has another precision policy than the module (its compute dtype "
                     "differs from the value's); declare it with the module's policy: nn::layer<nn::linear<D, P>>");
+      return ag::var<typename V::value_type, typename V::device, V::rank>{};
     } else {
       return call(x);
     }
