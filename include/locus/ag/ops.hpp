@@ -9,6 +9,11 @@
 // naming both, before anything is recorded. Broadcasting: the second operand of +, -, *
 // may have fewer axes than the first when its shape equals the first's trailing axes
 // (a bias [F] over activations [N, F]); its gradient is the sum over the broadcast axes.
+//
+// Length: every operation here is a forward and a node with its backward side by side,
+// sharing the detail helpers at the top (owner checks, put, scratch buffers); the seam
+// for a split is per family (element-wise, GEMMs, reductions and losses, shapes,
+// operations of your own), planned with the rest of issue 30's operations.
 #pragma once
 
 #include <cstdint>

@@ -140,6 +140,24 @@ inline cu_driver load_cu_driver() {
   return d;
 }
 
+/// Device `ordinal` described by the runtime's cudaGetDeviceProperties (free memory
+/// unknown); false when the runtime refuses. environment()'s fallback for a driver
+/// without the entry points, and preflight's one-device query.
+inline bool describe_device_runtime(int ordinal, cuda_device_info& d) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  d.index = ordinal;
+  d.name = p.name;
+  d.compute_major = p.major;
+  d.compute_minor = p.minor;
+  d.total_memory_bytes = p.totalGlobalMem;
+  d.multiprocessors = p.multiProcessorCount;
+  return true;
+}
+
 /// Whether device `ordinal`'s primary context exists (false when the driver cannot say).
 inline bool primary_context_active(const cu_driver& drv, int ordinal) {
   int dev = 0, active = 0;
@@ -229,17 +247,7 @@ inline environment_report environment() {
     if (!drv.complete()) {
       // A driver without these entry points: the runtime's device query (it reads
       // device attributes; free memory stays unknown).
-      cudaDeviceProp p{};
-      if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
-        (void)cudaGetLastError();
-        continue;
-      }
-      d.index = i;
-      d.name = p.name;
-      d.compute_major = p.major;
-      d.compute_minor = p.minor;
-      d.total_memory_bytes = p.totalGlobalMem;
-      d.multiprocessors = p.multiProcessorCount;
+      if (!detail::describe_device_runtime(i, d)) continue;
     } else if (!detail::describe_device(drv, i, d)) {
       continue;
     }

@@ -213,16 +213,7 @@ inline environment_report gpu_report(int gpu) {
   r.device_count = n;
   if (gpu < 0 || gpu >= n) return r;
   cuda_device_info d;
-  d.index = gpu;
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, gpu) == cudaSuccess) {
-    d.name = p.name;
-    d.compute_major = p.major;
-    d.compute_minor = p.minor;
-    d.total_memory_bytes = p.totalGlobalMem;
-    d.multiprocessors = p.multiProcessorCount;
-  } else {
-    (void)cudaGetLastError();
+  if (!describe_device_runtime(gpu, d)) {
     r.cuda_status = "the runtime could not describe GPU " + std::to_string(gpu);
     return r;
   }

@@ -2,6 +2,10 @@
 // across ranks, prepared ahead on a background thread, its samples loaded and transformed
 // by `workers` threads.
 //
+// Length: the consumer, the producer thread, the worker pool and the cuda staging path
+// share one object's state (the queue, the epoch's order, the stop flags); the worker
+// pool is the seam to split out next (issue 31).
+//
 //   locus::data::idx_dataset train = locus::data::idx_dataset::from_directory(dir, "train");
 //   locus::data::loader<locus::cuda> batches(train, {.batch_size = 128, .shuffle = true,
 //                                                    .seed = 42, .rank = r, .world_size = n});
