@@ -38,6 +38,7 @@
 #endif
 
 #include "fashion_mnist_options.hpp"
+#include "resnet.hpp"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -233,6 +234,15 @@ int run(const config& c) {
     auto model = make_cnn<D, P>(train_set.rows(), train_set.cols(), classes, c.seed);
     return train_model<D, P>(c, train_set, test_set, model);
   }
+  if (c.model == "resnet") {
+    if (train_set.rows() < 4 || train_set.cols() < 4)
+      throw std::runtime_error("--model resnet needs images of at least 4 x 4 pixels");
+    // a module of one block per stage (examples/resnet.hpp), initialised from --seed
+    nn::model<locus_examples::resnet<D, P>> model(classes, static_cast<locus::index_t>(c.width),
+                                                  std::array<int, 3>{1, 1, 1});
+    model.reset_parameters(c.seed);
+    return train_model<D, P>(c, train_set, test_set, model);
+  }
   nn::sequential model(nn::linear<D, P>(features, c.hidden[0]), nn::relu<D, P>(),
                        nn::linear<D, P>(c.hidden[0], c.hidden[1]), nn::relu<D, P>(),
                        nn::linear<D, P>(c.hidden[1], classes));
@@ -395,7 +405,8 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
                                                       {"seed", std::to_string(c.seed)},
                                                       {"hidden", hidden_text},
                                                       {"model", c.model},
-                                                      {"augment", c.model == "cnn" ? c.augment : std::string("-")},
+                                                      {"augment", c.model != "mlp" ? c.augment : std::string("-")},
+                                                      {"width", c.model == "resnet" ? std::to_string(c.width) : "-"},
                                                       // the steps per epoch (and the schedule) follow the ranks
                                                       {"ranks", std::to_string(world)}};
     std::int64_t first_epoch = 0;
@@ -451,8 +462,12 @@ int train_model(const config& c, locus::data::idx_dataset& train_set, locus::dat
       std::printf("data-parallel: %d ranks, batch %lld per rank (%lld in all), gradients averaged each step\n", world,
                   static_cast<long long>(batch), static_cast<long long>(batch) * world);
     if constexpr (images)
-      std::printf("model: CNN (conv 32, conv 64, 128, %lld), %lld parameters; %s on %s, batch %lld x %d, %d epochs%s\n",
-                  static_cast<long long>(classes), static_cast<long long>(model.parameters().parameter_count()),
+      std::printf("model: %s, %lld parameters; %s on %s, batch %lld x %d, %d epochs%s\n",
+                  c.model == "resnet" ? ("ResNet (widths " + std::to_string(c.width) + ", " +
+                                         std::to_string(2 * c.width) + ", " + std::to_string(4 * c.width) +
+                                         "; one basic block each; " + std::to_string(classes) + " classes)").c_str()
+                                      : ("CNN (conv 32, conv 64, 128, " + std::to_string(classes) + ")").c_str(),
+                  static_cast<long long>(model.parameters().parameter_count()),
                   std::string(P::name).c_str(), std::string(D::name).c_str(), static_cast<long long>(batch),
                   c.accumulate, c.epochs,
                   c.augment == "none" ? "" : c.augment == "flip" ? ", augmented (flips)" : ", augmented (crops, flips)");

@@ -29,7 +29,8 @@ struct config {
   std::uint64_t seed = 0;
   std::vector<locus::index_t> hidden{512, 256};
   std::string model = "mlp";
-  std::string augment = "flip";  // cnn: none, flip (horizontal flips) or crop+flip (and random crops)
+  std::string augment = "flip";  // cnn, resnet: none, flip (horizontal flips) or crop+flip (and random crops)
+  long long width = 16;          // resnet: the first stage's channels
   std::string checkpoint_dir;
   bool resume = false;
   std::string resume_file;
@@ -125,10 +126,13 @@ inline config parse_options(int argc, const char* const* argv) {
           },
           "N"));
   app.add_option("--model", c.model,
-                 "mlp (784-512-256-10) or cnn (two 3x3 convolutions with batch norm and pooling, then 128-10)")
-      ->check(CLI::IsMember({"mlp", "cnn"}));
+                 "mlp (784-512-256-10), cnn (two 3x3 convolutions with batch norm and pooling, then 128-10) or "
+                 "resnet (a residual network written as a module: a stem and three stages of basic blocks)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
+  app.add_option("--width", c.width, "resnet: the channels of the first stage (the stages have w, 2w and 4w)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--augment", c.augment,
-                 "cnn: none, flip (horizontal flips of the training images) or crop+flip (also random crops "
+                 "cnn and resnet: none, flip (horizontal flips of the training images) or crop+flip (also random crops "
                  "of the images padded by 2)")
       ->check(CLI::IsMember({"none", "flip", "crop+flip"}));
   app.add_option("--hidden", c.hidden, "the two hidden layers' widths, e.g. 512,256")

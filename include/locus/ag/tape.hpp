@@ -34,6 +34,7 @@
 // step's generation number, which every value carries).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -367,6 +368,14 @@ class tape {
   /// Recorded operations and values of this step.
   [[nodiscard]] std::size_t operations() const noexcept { return nodes_used_; }
   [[nodiscard]] std::size_t values() const noexcept { return used_; }
+  /// The shape of value i of this step (0 <= i < values(), in the order recorded).
+  [[nodiscard]] std::vector<index_t> value_shape(std::size_t i) const {
+    if (i >= used_)
+      throw autograd_error("locus: value_shape(" + std::to_string(i) + ") of a tape step with " +
+                           std::to_string(used_) + " values");
+    const slot& s = slots_[i];
+    return {s.dims.begin(), s.dims.begin() + static_cast<std::ptrdiff_t>(s.rank)};
+  }
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   [[nodiscard]] bool backward_done() const noexcept { return done_; }
 
@@ -395,6 +404,7 @@ class tape {
   var<T, D, R> result(const extents<R>& shape, bool requires_grad) {
     const index_t n = ::locus::detail::checked_numel(shape, sizeof(T));
     slot& s = next_slot(n, requires_grad);
+    s.set_shape(shape);
     ensure(s.value, n);
     const tensor_view<const T, D, R> v{::locus::detail::raw_view_key{}, s.value.data_handle(), shape,
                                        s.value.device_index()};
@@ -466,6 +476,18 @@ class tape {
     index_t numel = 0;
     bool requires_grad = false;
     bool grad_written = false;
+    std::size_t rank = 0;  // the value's shape, for value_shape() (ranks above 8: numel alone)
+    std::array<index_t, 8> dims{};
+    template <std::size_t R>
+    void set_shape(const extents<R>& s) noexcept {
+      if constexpr (R <= 8) {
+        rank = R;
+        for (std::size_t i = 0; i < R; ++i) dims[i] = s[i];
+      } else {
+        rank = 1;
+        dims[0] = numel;
+      }
+    }
   };
 
   template <class X>
@@ -487,7 +509,7 @@ class tape {
   template <std::size_t R>
   var<T, D, R> external(const tensor_view<const T, D, R>& x, bool requires_grad) {
     slot& s = next_slot(x.numel(), requires_grad);
-    (void)s;
+    s.set_shape(x.shape());
     return detail::access::make(this, static_cast<std::uint32_t>(used_ - 1), generation_, requires_grad, x);
   }
 

@@ -92,6 +92,16 @@ class registry {
   std::string prefix;  // of the module being constructed
 };
 
+/// A callable of any buffer (to ask whether a layer has for_each_buffer: nvcc refuses a
+/// lambda inside a requires-expression).
+struct buffer_probe {
+  template <class V>
+  void operator()(const std::string&, V) const noexcept {}
+};
+
+template <class L>
+concept has_buffers = requires(L& l) { l.for_each_buffer(std::string{}, buffer_probe{}); };
+
 template <Device D, class Policy>
 registry<D, Policy>*& current_registry() noexcept {
   thread_local registry<D, Policy>* r = nullptr;
@@ -174,7 +184,9 @@ class module {
   template <std::size_t R>
   using var = ag::var<C, D, R>;
 
-  module() : registry_(detail::current_registry<D, policy>()) {
+  // (nvcc warns of a line that starts with the word module, C++20's keyword: these
+  // declarations begin with another token)
+  explicit module() : registry_(detail::current_registry<D, policy>()) {
     if (registry_ == nullptr || registry_->tickets <= 0)
       throw ::locus::error(
           "locus: a module is built by nn::model<Net> (which owns its parameters: locus::nn::model<Net> m;) or as "
@@ -183,8 +195,8 @@ class module {
     --registry_->tickets;
     prefix_ = registry_->prefix;
   }
-  module(const module&) = delete;
-  module& operator=(const module&) = delete;
+  explicit module(const module&) = delete;
+  auto operator=(const module&) -> module& = delete;
 
   /// The module's name prefix in the model ("" for the model's root, "layer1." below).
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
@@ -221,7 +233,7 @@ class layer final : public detail::layer_ref {
     e.bind = [this](parameter_store<device, policy>& s) { l_.bind(s); };
     e.reset = [this](std::uint64_t seed) { l_.reset_parameters(seed); };
     e.buffers = [this](auto& out) {
-      if constexpr (requires { l_.for_each_buffer(std::string{}, [](const std::string&, auto) {}); }) {
+      if constexpr (detail::has_buffers<L>) {
         l_.for_each_buffer(full_name_ + ".", [&](const std::string& n, auto v) {
           using V = decltype(v);
           if constexpr (std::is_same_v<V, tensor_view<typename policy::master, device, 1>> ||
@@ -294,18 +306,18 @@ class layer final : public detail::layer_ref {
 
   // layer_ref
   [[nodiscard]] bool has_hooks() const override {
-    if constexpr (requires { l_.has_hooks(); }) return l_.has_hooks();
+    if constexpr (requires(const L& l) { l.has_hooks(); }) return l_.has_hooks();
     else return false;
   }
   [[nodiscard]] std::uint64_t counter() const override {
-    if constexpr (requires { l_.counter(); }) return l_.counter();
+    if constexpr (requires(const L& l) { l.counter(); }) return l_.counter();
     else return 0;
   }
   void set_counter(std::uint64_t c) override {
-    if constexpr (requires { l_.set_counter(c); }) l_.set_counter(c);
+    if constexpr (requires(L& l) { l.set_counter(c); }) l_.set_counter(c);
   }
   void set_rank_stream(std::uint64_t r) override {
-    if constexpr (requires { l_.set_rank_stream(r); }) l_.set_rank_stream(r);
+    if constexpr (requires(L& l) { l.set_rank_stream(r); }) l_.set_rank_stream(r);
   }
   [[nodiscard]] std::string describe() const override { return l_.describe(); }
   [[nodiscard]] index_t parameter_count() const override { return l_.parameter_count(); }
@@ -485,6 +497,25 @@ class model {
     return out;
   }
 
+  /// The output's shape for an input of shape `in`: runs the inference forward on zeros
+  /// of that shape (a module's shapes come from its forward; pass a batch of 1).
+  [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
+    const auto x = probe_input(in);
+    const auto y = infer(x);
+    const auto s = y.shape();
+    return {s.begin(), s.end()};
+  }
+  /// The shape of every value the inference forward records for an input of shape `in`
+  /// (the layers' outputs and the operations' between them, the input not included), in
+  /// forward order: what a batch of that shape keeps for its activations.
+  [[nodiscard]] std::vector<std::vector<index_t>> layer_shapes(const std::vector<index_t>& in) const {
+    const auto x = probe_input(in);
+    (void)infer(x);
+    std::vector<std::vector<index_t>> out;
+    for (std::size_t i = 1; i < infer_tape_->values(); ++i) out.push_back(infer_tape_->value_shape(i));
+    return out;
+  }
+
   /// Calls f(index, layer) for every layer (registration order); layer is a
   /// detail::layer_ref: has_hooks(), counter()/set_counter() (dropout), name().
   template <class F>
@@ -534,6 +565,18 @@ class model {
   [[nodiscard]] const ag::tape<C, device>& tape() const noexcept { return *tape_; }
 
  private:
+  tensor<C, device, input_rank> probe_input(const std::vector<index_t>& in) const {
+    if (in.size() != input_rank)
+      throw shape_error("locus: the model's forward takes a rank-" + std::to_string(input_rank) +
+                        " input, but the shape given has rank " + std::to_string(in.size()));
+    extents<input_rank> e{};
+    for (std::size_t i = 0; i < input_rank; ++i) {
+      if (in[i] < 0) throw shape_error("locus: a negative extent in the shape given to the model");
+      e[i] = in[i];
+    }
+    return zeros<C, device>(e);
+  }
+
   std::unique_ptr<detail::registry<device, policy>> reg_;
   std::unique_ptr<Net> net_;
   // (behind pointers: values point at their tape, and the model moves)
