@@ -72,10 +72,14 @@ struct resnet : locus::nn::module<D, P> {
         staged_{add_stages(width, blocks)},
         fc{this, "fc", 4 * width, classes} {}
 
+  /// Activation checkpointing of every block: its activations are recomputed in backward
+  /// instead of kept (less memory, one more forward of the blocks per step).
+  bool checkpointing = false;
+
   typename resnet::template var<2> forward(const var4& x) {
     auto y = locus::ag::relu(bn1(conv1(x)));
     for (auto& stage : stages)
-      for (auto& b : stage) y = b(y);  // a loop in forward: each block a child module
+      for (auto& b : stage) y = checkpointing ? locus::nn::checkpoint(b, y) : b(y);  // each block a child
     return fc(flatten(avgpool(y)));
   }
 

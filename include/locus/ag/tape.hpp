@@ -364,6 +364,16 @@ class tape {
     done_ = false;
     after_backward_.clear();
   }
+  /// Starts a new step, like reset(), and frees every value's and gradient's buffer (to
+  /// the caching allocator; the next step allocates them again). Activation
+  /// checkpointing releases a segment's tape this way between its forward and backward.
+  void release() noexcept {
+    reset();
+    for (auto& s : slots_) {
+      s.value = tensor<T, D, 1>();
+      s.grad = tensor<T, D, 1>();
+    }
+  }
 
   /// Recorded operations and values of this step.
   [[nodiscard]] std::size_t operations() const noexcept { return nodes_used_; }

@@ -494,6 +494,10 @@ class conv2d : public detail::hooks<D, typename locus::detail::checked_policy_t<
     return detail::shaped(gx_, x_.shape());
   }
 
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; buf_ = {}; }
+
   tensor<C, D, 4> infer(const view& x) const {
     this->run_pre(x);
     const auto g = geometry(x.shape());
@@ -906,6 +910,10 @@ class max_pool2d : public detail::window_pool<max_pool2d<D, Policy>, D, Policy> 
                                                                                gx_.data_handle(), g});
     return detail::shaped(gx_, xs_);
   }
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; idx_ = {}; }
+
   tensor<C, D, 4> infer(const view& x) const {
     this->run_pre(x);
     const auto g = geometry(x.shape());
@@ -989,6 +997,10 @@ class avg_pool2d : public detail::window_pool<avg_pool2d<D, Policy>, D, Policy> 
                                                                                include_pad_});
     return detail::shaped(gx_, xs_);
   }
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
+
   tensor<C, D, 4> infer(const view& x) const {
     this->run_pre(x);
     const auto g = geometry(x.shape());
@@ -1059,6 +1071,10 @@ class adaptive_avg_pool2d : public detail::pool_base<adaptive_avg_pool2d<D, Poli
                                                                                  xs_[2], xs_[3], ho_, wo_});
     return detail::shaped(gx_, xs_);
   }
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
+
   tensor<C, D, 4> infer(const view& x) const {
     this->run_pre(x);
     check_input(x.shape());
@@ -1134,6 +1150,9 @@ class flatten : public detail::hooks<D, typename locus::detail::checked_policy_t
                         locus::detail::shape_string(gy.shape()) + " for an input of shape " + detail::dims4(xs_));
     return gy.reshape(xs_);
   }
+  /// Keeps nothing for backward but the input's shape.
+  void release_activations() noexcept {}
+
   tensor<C, D, 2> infer(const view& x) const {
     if (!x.is_contiguous()) throw shape_error("locus: flatten needs a contiguous input");
     detail::check_countable(describe(), "input", x.shape());
@@ -1313,6 +1332,10 @@ class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_pol
     return detail::shaped(gx_, s);
   }
 
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
+
   tensor<C, D, 4> infer(const view& x, detail::act_kind act = detail::act_kind::none) const {
     this->run_pre(x);
     const extents<4> s = x.shape();
@@ -1440,6 +1463,10 @@ class layer_norm : public detail::hooks<D, typename locus::detail::checked_polic
                                f_);
     return detail::shaped(gx_, gy.shape());
   }
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
+
   template <std::size_t R>
   tensor<C, D, R> infer(const view_of<R>& x) const {
     if (this->has_hooks()) this->run_pre(detail::as_rows(x));

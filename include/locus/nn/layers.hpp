@@ -269,6 +269,10 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
   }
 
   /// Inference forward: nothing saved.
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; z_ = {}; dz_ = {}; gx_ = {}; }
+
   tensor<C, D, 2> infer(const view& x, detail::act_kind act = detail::act_kind::none) const {
     this->run_pre(x);
     detail::check_features<D>("linear", in_, x.shape()[1]);
@@ -369,6 +373,10 @@ class activation_layer : public hooks<D, typename locus::detail::checked_policy_
                                                uses_z ? nullptr : y_.data_handle(), gx_.data_handle(), Kind});
     return shaped(gx_, gy.shape());
   }
+
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
 
   template <std::size_t R>
   tensor<C, D, R> infer(const view_of<R>& x) const {
@@ -508,6 +516,10 @@ class dropout : public detail::hooks<D, typename locus::detail::checked_policy_t
     locus::detail::launch_n<D>(gy.numel(), locus::detail::dropout_kernel<C>{gy.data_handle(), gx_.data_handle(), key(), stream_, p_});
     return detail::shaped(gx_, gy.shape());
   }
+  /// Frees the activations kept for backward (activation checkpointing); the next
+  /// forward allocates them again.
+  void release_activations() noexcept { y_ = {}; gx_ = {}; }
+
   template <std::size_t R>
   tensor<C, D, R> infer(const view_of<R>& x) const {
     if (this->has_hooks()) this->run_pre(detail::as_rows(x));

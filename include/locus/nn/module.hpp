@@ -68,7 +68,19 @@ class layer_ref {
   [[nodiscard]] virtual std::string describe() const = 0;
   [[nodiscard]] virtual index_t parameter_count() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
+  /// Activation checkpointing: frees what the layer keeps for backward; saves its dropout
+  /// counter and buffers before a checkpointed forward, and puts them back before the
+  /// recompute (which then draws the same masks and updates the statistics once).
+  virtual void release_activations() noexcept = 0;
+  virtual void checkpoint_save() = 0;
+  virtual void checkpoint_restore() = 0;
 };
+
+/// The layers a checkpointed segment's forward calls (nn::checkpoint), when one runs.
+inline std::vector<layer_ref*>*& current_segment() noexcept {
+  thread_local std::vector<layer_ref*>* s = nullptr;
+  return s;
+}
 
 template <Device D, class Policy>
 class registry {
@@ -277,6 +289,12 @@ class layer final : public detail::layer_ref {
                            "each call needs its own layer (declare another nn::layer member)");
     called_ = t.generation();
     called_tape_ = &t;
+    if (t.training()) {
+      if (auto* segment = detail::current_segment()) {
+        segment->push_back(this);
+        checkpoint_save();
+      }
+    }
     using out_view = decltype(l_.forward(x.value()));
     constexpr std::size_t RO = out_view::rank;
     if (!t.training()) {
@@ -322,6 +340,34 @@ class layer final : public detail::layer_ref {
   [[nodiscard]] std::string describe() const override { return l_.describe(); }
   [[nodiscard]] index_t parameter_count() const override { return l_.parameter_count(); }
   [[nodiscard]] const std::string& name() const override { return full_name_; }
+  void release_activations() noexcept override {
+    if constexpr (requires(L& l) { l.release_activations(); }) l_.release_activations();
+  }
+  void checkpoint_save() override {
+    saved_counter_ = counter();
+    if constexpr (detail::has_buffers<L>) {
+      std::size_t m = 0, i = 0;
+      l_.for_each_buffer(std::string{}, [&](const std::string&, auto v) {
+        if constexpr (std::is_same_v<decltype(v), tensor_view<std::int64_t, device, 0>>) {
+          if (saved_i_.size() <= i) saved_i_.emplace_back(v.shape());
+          ::locus::copy(v, saved_i_[i++]);
+        } else {
+          if (saved_m_.size() <= m) saved_m_.emplace_back(v.shape());
+          ::locus::copy(v, saved_m_[m++]);
+        }
+      });
+    }
+  }
+  void checkpoint_restore() override {
+    set_counter(saved_counter_);
+    if constexpr (detail::has_buffers<L>) {
+      std::size_t m = 0, i = 0;
+      l_.for_each_buffer(std::string{}, [&](const std::string&, auto v) {
+        if constexpr (std::is_same_v<decltype(v), tensor_view<std::int64_t, device, 0>>) ::locus::copy(saved_i_[i++], v);
+        else ::locus::copy(saved_m_[m++], v);
+      });
+    }
+  }
 
  private:
   template <std::size_t RI, std::size_t RO>
@@ -349,7 +395,47 @@ class layer final : public detail::layer_ref {
   const void* called_tape_ = nullptr;
   std::variant<std::monostate, tensor<C, device, 1>, tensor<C, device, 2>, tensor<C, device, 3>, tensor<C, device, 4>>
       inferred_;
+  // activation checkpointing: the counter and buffers before the segment's forward
+  std::uint64_t saved_counter_ = 0;
+  std::vector<tensor<typename policy::master, device, 1>> saved_m_;
+  std::vector<tensor<std::int64_t, device, 0>> saved_i_;
 };
+
+namespace detail {
+/// A checkpointed child's own tape (its forward records there, then everything of it is
+/// freed) and the layers its forward called.
+template <class T, Device D>
+struct checkpoint_state {
+  ag::tape<T, D> tape;
+  std::vector<layer_ref*> layers;
+  /// Frees the segment's activations: its layers' and its tape's buffers.
+  void release() noexcept {
+    for (auto* l : layers) l->release_activations();
+    tape.release();
+  }
+};
+
+/// Makes `segment` the list the layers called in its scope add themselves to.
+class segment_scope {
+ public:
+  explicit segment_scope(std::vector<layer_ref*>* segment) noexcept : previous_(current_segment()) {
+    current_segment() = segment;
+  }
+  segment_scope(const segment_scope&) = delete;
+  segment_scope& operator=(const segment_scope&) = delete;
+  ~segment_scope() { current_segment() = previous_; }
+
+ private:
+  std::vector<layer_ref*>* previous_;
+};
+
+/// Frees a segment's activations when it goes out of scope (an exception included).
+template <class T, Device D>
+struct release_on_exit {
+  checkpoint_state<T, D>& state;
+  ~release_on_exit() { state.release(); }
+};
+}  // namespace detail
 
 /// A module as a member of another: its layers are named "<prefix><name>.<layer>...".
 template <class M>
@@ -367,6 +453,7 @@ class child {
                            "' was made after its model was built; a child is a member of its module, constructed "
                            "with it");
     const std::string full = detail::claim_name(*reg, parent->prefix(), name, "child module");
+    name_ = full;
     const detail::registry_scope<typename M::device, typename M::policy> scope(reg, full + ".");
     m_.emplace(std::forward<A>(args)...);
   }
@@ -383,9 +470,92 @@ class child {
     return m_->forward(std::forward<A>(args)...);
   }
 
+  /// The child's forward with activation checkpointing (nn::checkpoint(child, x)).
+  template <class V>
+    requires ag::is_var_v<V>
+  auto checkpoint(const V& x) {
+    using T = typename M::C;
+    using Dv = typename M::device;
+    using out_var = std::remove_cvref_t<decltype(m_->forward(x))>;
+    static_assert(ag::is_var_v<out_var>, "locus: nn::checkpoint needs a child whose forward returns a value");
+    auto& t = ag::detail::owner(x, "nn::checkpoint");
+    if (!t.training()) return out_var(m_->forward(x));  // inference keeps nothing anyway
+    if (detail::current_segment() != nullptr)
+      throw autograd_error("locus: nn::checkpoint of '" + name_ +
+                           "' inside another checkpointed segment; checkpoint the outer segment or the inner ones, "
+                           "not both");
+    if (!ckpt_) ckpt_ = std::make_unique<detail::checkpoint_state<T, Dv>>();
+    auto& st = *ckpt_;
+    st.layers.clear();
+    out_var out;
+    {
+      const detail::release_on_exit<T, Dv> release{st};
+      const detail::segment_scope scope(&st.layers);
+      st.tape.reset();
+      st.tape.set_training(true);
+      const auto ys = m_->forward(st.tape.constant(x.value()));
+      if (ys.owner() != &st.tape)
+        throw autograd_error("locus: the forward of checkpointed '" + name_ +
+                             "' returned a value that is not computed from its input");
+      const bool rg = x.requires_grad() || ys.requires_grad();
+      out = t.template result<out_var::rank>(ys.shape(), rg);
+      ::locus::copy(ys.value(), t.writable(out));
+    }
+    if (out.requires_grad()) {
+      auto& n = t.template record<checkpoint_node<V::rank, out_var::rank>>();
+      n.self = this;
+      n.x = ag::detail::access::id(x);
+      n.x_value = x.value();
+      n.out = ag::detail::access::id(out);
+      n.out_shape = out.shape();
+    }
+    return out;
+  }
+
  private:
+  template <std::size_t RI, std::size_t RO>
+  struct checkpoint_node final : ag::node<typename M::C, typename M::device> {
+    child* self = nullptr;
+    std::uint32_t x = 0, out = 0;
+    tensor_view<const typename M::C, typename M::device, RI> x_value;
+    extents<RO> out_shape{};
+    void backward(ag::tape<typename M::C, typename M::device>& t) override {
+      const auto g = t.template grad_in<RO>(out, out_shape);
+      if (g.data_handle() == nullptr) return;
+      auto& st = *self->ckpt_;
+      const detail::release_on_exit<typename M::C, typename M::device> release{st};
+      // the counters and statistics of before the forward: the recompute draws the same
+      // dropout masks and leaves the statistics as the forward left them
+      for (auto* l : st.layers) l->checkpoint_restore();
+      st.tape.reset();
+      st.tape.set_training(true);
+      const bool need = t.wants_grad(x);
+      const auto xs = need ? st.tape.leaf(x_value) : st.tape.constant(x_value);
+      const auto ys = self->m_->forward(xs);
+      st.tape.backward(ys, g);
+      if (need) {
+        auto [dst, fresh] = t.template grad_out<RI>(x, x_value.shape());
+        ag::detail::put(dst, fresh, st.tape.grad(xs));
+      }
+    }
+  };
+
   std::optional<M> m_;
+  std::string name_;
+  std::unique_ptr<detail::checkpoint_state<typename M::C, typename M::device>> ckpt_;
 };
+
+/// Activation checkpointing: runs child's forward on x keeping none of its activations
+/// (only x, and the output as one value); backward runs the forward again and then its
+/// backward. Gradients are bit for bit those of child(x); a dropout inside draws the same
+/// mask on the recompute; batch norm's running statistics are updated once. Costs one
+/// more forward of the segment in the step. In inference it is child(x).
+///   auto forward(const var<4>& x) { return fc(flat(pool(nn::checkpoint(layer2, nn::checkpoint(layer1, x))))); }
+template <class M, class V>
+  requires ag::is_var_v<V>
+auto checkpoint(child<M>& c, const V& x) {
+  return c.checkpoint(x);
+}
 
 namespace detail {
 template <class Net, std::size_t R>

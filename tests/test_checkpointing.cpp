@@ -1,0 +1,167 @@
+// Host suite: activation checkpointing (nn::checkpoint). The main job's ResNet with every
+// block checkpointed trains bit for bit as without (parameters, batch norm's running
+// statistics and counts after several steps of the trainer) and holds less memory at its
+// peak; a dropout inside a checkpointed segment draws the same mask on the recompute
+// (gradients bit for bit those of the plain model, and the masks still change from step
+// to step); inference through it is the plain forward; the rules (a checkpoint inside
+// another, a forward that returns a value of another tape) are autograd_errors.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <locus/nn/module.hpp>
+#include <locus/train.hpp>
+
+#include "../examples/resnet.hpp"
+
+namespace {
+namespace nn = locus::nn;
+namespace ag = locus::ag;
+using locus::cpu;
+using locus::index_t;
+using P = locus::amp::fp32;
+
+template <class T>
+std::vector<T> host_copy(const T* p, index_t n) {
+  return std::vector<T>(p, p + n);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct trained {
+  std::vector<float> params, grads, buffers;
+  std::vector<std::int64_t> counts;
+  std::size_t peak = 0, before = 0;
+  std::vector<float> logits;
+};
+
+trained train_resnet(bool checkpointing, int steps) {
+  nn::model<locus_examples::resnet<cpu, P>> m(10, 4, std::array<int, 3>{2, 1, 1});
+  m.reset_parameters(3);
+  m.net().checkpointing = checkpointing;
+  locus::optim::adamw<cpu> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, nn::cross_entropy{});
+  const auto x = locus::randn<float, cpu>({16, 1, 12, 12}, 5);
+  locus::tensor<std::int64_t, cpu, 1> y({16});
+  for (index_t i = 0; i < 16; ++i) y(i) = (3 * i) % 10;
+  trained r;
+  t.step(x, y);  // the first step allocates what the next ones reuse
+  locus::reset_peak_memory_stats<cpu>();
+  r.before = locus::memory_stats<cpu>().allocated_bytes;
+  for (int s = 1; s < steps; ++s) t.step(x, y);
+  r.peak = locus::memory_stats<cpu>().peak_allocated_bytes;
+  const auto mv = m.parameters().master();
+  r.params = host_copy(mv.data_handle(), mv.numel());
+  const auto gv = m.parameters().grad();
+  r.grads = host_copy(gv.data_handle(), gv.numel());
+  m.for_each_buffer([&](const std::string&, auto v) {
+    using T = std::remove_const_t<typename decltype(v)::value_type>;
+    if constexpr (std::is_same_v<T, float>) {
+      const auto h = host_copy(v.data_handle(), v.numel());
+      r.buffers.insert(r.buffers.end(), h.begin(), h.end());
+    } else {
+      r.counts.push_back(*v.data_handle());
+    }
+  });
+  const auto logits = m.infer(x);
+  r.logits = host_copy(logits.data_handle(), logits.numel());
+  return r;
+}
+
+// A child with a dropout between two linear layers, checkpointed or not.
+template <class D, class Pol>
+struct mlp_block : nn::module<D, Pol> {
+  nn::layer<nn::linear<D, Pol>> fc1{this, "fc1", 12, 24};
+  nn::layer<nn::relu<D, Pol>> relu{this, "relu"};
+  nn::layer<nn::dropout<D, Pol>> drop{this, "drop", 0.5f, std::uint64_t{9}};
+  nn::layer<nn::linear<D, Pol>> fc2{this, "fc2", 24, 12};
+  auto forward(const typename mlp_block::template var<2>& x) { return fc2(drop(relu(fc1(x)))); }
+};
+
+template <class D, class Pol>
+struct with_dropout : nn::module<D, Pol> {
+  nn::layer<nn::linear<D, Pol>> in{this, "in", 6, 12};
+  nn::child<mlp_block<D, Pol>> body{this, "body"};
+  nn::layer<nn::linear<D, Pol>> out{this, "out", 12, 4};
+  bool checkpointing = false;
+  auto forward(const typename with_dropout::template var<2>& x) {
+    const auto h = in(x);
+    return out((checkpointing ? nn::checkpoint(body, h) : body(h)) + h);  // a skip around the segment
+  }
+};
+
+// Checkpoints a child inside a checkpointed child.
+template <class D, class Pol>
+struct inner : nn::module<D, Pol> {
+  nn::layer<nn::linear<D, Pol>> fc{this, "fc", 4, 4};
+  auto forward(const typename inner::template var<2>& x) { return fc(x); }
+};
+template <class D, class Pol>
+struct outer : nn::module<D, Pol> {
+  nn::child<inner<D, Pol>> a{this, "a"};
+  auto forward(const typename outer::template var<2>& x) { return nn::checkpoint(a, x); }
+};
+template <class D, class Pol>
+struct nested : nn::module<D, Pol> {
+  nn::child<outer<D, Pol>> o{this, "o"};
+  auto forward(const typename nested::template var<2>& x) { return nn::checkpoint(o, x); }
+};
+}  // namespace
+
+TEST_CASE("checkpointing: the ResNet with every block checkpointed trains bit for bit as without, in less memory") {
+  const trained plain = train_resnet(false, 4);
+  const trained ck = train_resnet(true, 4);
+  REQUIRE(plain.params.size() == ck.params.size());
+  CHECK(same_bits(plain.params, ck.params));
+  CHECK(same_bits(plain.grads, ck.grads));
+  CHECK(same_bits(plain.buffers, ck.buffers));  // the running statistics updated once per step
+  CHECK(plain.counts == ck.counts);             // num_batches_tracked: 4 steps, not 8
+  CHECK(ck.counts.front() == 4);
+  CHECK(same_bits(plain.logits, ck.logits));
+  // memory: the blocks' activations live only while their segment runs
+  INFO("plain: " << plain.before << " bytes held between steps, peak " << plain.peak << "; checkpointed: "
+                 << ck.before << ", peak " << ck.peak);
+  CHECK(ck.before < plain.before);
+  CHECK(ck.peak < plain.peak);
+}
+
+TEST_CASE("checkpointing: a dropout inside a checkpointed segment draws the same mask on the recompute") {
+  using M = nn::model<with_dropout<cpu, P>>;
+  M plain, ck;
+  ck.net().checkpointing = true;
+  const auto x = locus::randn<float, cpu>({8, 6}, 1);
+  const auto gy = locus::randn<float, cpu>({8, 4}, 2);
+  std::vector<float> first_grads;
+  for (int step = 0; step < 3; ++step) {
+    for (M* m : {&plain, &ck}) {
+      m->parameters().zero_grad();
+      (void)m->forward(x.view());
+      (void)m->backward(gy.view());
+    }
+    const auto a = plain.parameters().grad(), b = ck.parameters().grad();
+    const auto ga = host_copy(a.data_handle(), a.numel()), gb = host_copy(b.data_handle(), b.numel());
+    CHECK_MESSAGE(same_bits(ga, gb), "step " << step);
+    if (step == 0) first_grads = ga;
+    else CHECK_MESSAGE(!same_bits(ga, first_grads), "the dropout mask should change from step to step");
+    CHECK(plain.net().body->drop.get().counter() == ck.net().body->drop.get().counter());
+  }
+  CHECK(ck.net().body->drop.get().counter() == 3);  // one draw per step, the recompute's replayed
+  // inference: the plain forward (no dropout, nothing kept)
+  const auto yi = plain.infer(x.view()), yc = ck.infer(x.view());
+  CHECK(same_bits(host_copy(yi.data_handle(), yi.numel()), host_copy(yc.data_handle(), yc.numel())));
+}
+
+TEST_CASE("checkpointing: a checkpoint inside a checkpointed segment is an autograd_error") {
+  nn::model<nested<cpu, P>> m;
+  const auto x = locus::randn<float, cpu>({2, 4}, 1);
+  CHECK_THROWS_WITH_AS((void)m.forward(x.view()), doctest::Contains("inside another checkpointed segment"),
+                       locus::autograd_error);
+  // the model still works afterwards in inference (nothing is left half-set)
+  CHECK(m.infer(x.view()).shape() == locus::extents<2>{2, 4});
+}
