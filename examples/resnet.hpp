@@ -44,7 +44,7 @@ struct basic_block : locus::nn::module<D, P> {
   }
 
   var4 forward(const var4& x) {
-    const auto y = bn2(conv2(locus::ag::relu(bn1(conv1(x)))));
+    const auto y = bn2(conv2(bn1(conv1(x), locus::ag::fused::relu)));  // bn1 then relu, one pass
     if (down_conv) return locus::ag::relu(y + (*down_bn)((*down_conv)(x)));
     return locus::ag::relu(y + x);
   }
@@ -77,7 +77,7 @@ struct resnet : locus::nn::module<D, P> {
   bool checkpointing = false;
 
   typename resnet::template var<2> forward(const var4& x) {
-    auto y = locus::ag::relu(bn1(conv1(x)));
+    auto y = bn1(conv1(x), locus::ag::fused::relu);
     for (auto& stage : stages)
       for (auto& b : stage) y = checkpointing ? locus::nn::checkpoint(b, y) : b(y);  // each block a child
     return fc(flatten(avgpool(y)));

@@ -36,6 +36,25 @@ struct mlp : nn::module<D, P> {
   auto forward(const typename mlp::template var<2>& x) { return fc4(act3(fc2(act1(fc0(x))))); }
 };
 
+// The MLP with each relu fused into its linear layer (fc(x, ag::fused::relu)).
+template <class D, class P>
+struct mlp_fused : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> fc0{this, "0", 20, 16};
+  nn::layer<nn::linear<D, P>> fc2{this, "2", 16, 12};
+  nn::layer<nn::linear<D, P>> fc4{this, "4", 12, 5};
+  auto forward(const typename mlp_fused::template var<2>& x) {
+    return fc4(fc2(fc0(x, ag::fused::relu), ag::fused::relu));
+  }
+};
+
+// Batch norm with a fused activation it lacks (gelu): a value_error.
+template <class D, class P>
+struct bn_gelu : nn::module<D, P> {
+  nn::layer<nn::batch_norm2d<D, P>> bn{this, "bn", 2};
+  nn::layer<nn::flatten<D, P>> flat{this, "flat"};
+  auto forward(const typename bn_gelu::template var<4>& x) { return flat(bn(x, ag::fused::gelu)); }
+};
+
 template <class D, class P>
 struct block : nn::module<D, P> {
   nn::layer<nn::conv2d<D, P>> conv1{this, "conv1", 4, 4, 3, nn::conv2d_options{.padding = 1, .bias = false}};
@@ -340,4 +359,36 @@ TEST_CASE("modules review: a module called on a fresh tape each time, and an emp
   const auto empty = locus::zeros<float, cpu>({0, 3, 2, 2});
   const auto y = f.infer(empty.view());
   CHECK(y.shape() == locus::extents<2>{0, 2});
+}
+
+TEST_CASE("modules: a layer with a fused activation, fc(x, ag::fused::relu), trains bit for bit as nn::sequential") {
+  using P = locus::amp::fp32;
+  nn::model<mlp_fused<cpu, P>> m;
+  nn::sequential s(nn::linear<cpu, P>(20, 16), nn::relu<cpu, P>(), nn::linear<cpu, P>(16, 12), nn::relu<cpu, P>(),
+                   nn::linear<cpu, P>(12, 5));
+  m.reset_parameters(7);
+  s.reset_parameters(7);
+  optim::adamw<cpu> om(m.parameters(), {.lr = 1e-2});
+  optim::adamw<cpu> os(s.parameters(), {.lr = 1e-2});
+  locus::train::trainer tm(m, om, nn::cross_entropy{});
+  locus::train::trainer ts(s, os, nn::cross_entropy{});
+  for (int step = 0; step < 6; ++step) {
+    auto x = locus::randn<float, cpu>({9, 20}, 200 + static_cast<std::uint64_t>(step));
+    std::vector<std::int64_t> labels;
+    for (index_t i = 0; i < 9; ++i) labels.push_back((i * 3 + step) % 5);
+    const auto y = locus::from_host<cpu>(labels, {9});
+    tm.step(x, y);
+    ts.step(x, y);
+  }
+  CHECK(bits(m.parameters().master().data_handle(), m.parameters().size()) ==
+        bits(s.parameters().master().data_handle(), s.parameters().size()));
+  CHECK(m.tape().values() < 8);  // input, three layers, the loss's: no separate relu values
+  const auto x = locus::randn<float, cpu>({4, 20}, 9);
+  const auto ym = m.infer(x.view());
+  const auto ys = s.infer(x.view());
+  CHECK(bits(ym.data_handle(), ym.numel()) == bits(ys.data_handle(), ys.numel()));
+
+  nn::model<bn_gelu<cpu, P>> b;
+  const auto xb = locus::randn<float, cpu>({3, 2, 2, 2}, 1);
+  CHECK_THROWS_WITH_AS((void)b.forward(xb.view()), doctest::Contains("fuses relu only"), locus::value_error);
 }

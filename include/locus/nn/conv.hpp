@@ -1181,6 +1181,8 @@ struct batch_norm_options {
 template <Device D, class Policy>
 class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
  public:
+  /// Of the activations, forward(x, act) fuses relu only (nn::layer checks).
+  static constexpr bool fuses_relu_only = true;
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;
   using C = typename policy::compute;

@@ -268,11 +268,11 @@ class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<
     return std::as_const(gx_).view();
   }
 
-  /// Inference forward: nothing saved.
   /// Frees the activations kept for backward (activation checkpointing); the next
   /// forward allocates them again.
   void release_activations() noexcept { y_ = {}; z_ = {}; dz_ = {}; gx_ = {}; }
 
+  /// Inference forward: nothing saved.
   tensor<C, D, 2> infer(const view& x, detail::act_kind act = detail::act_kind::none) const {
     this->run_pre(x);
     detail::check_features<D>("linear", in_, x.shape()[1]);

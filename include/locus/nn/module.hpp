@@ -36,6 +36,7 @@
 // A module is built only inside an nn::model or as an nn::child (an error naming both).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -69,16 +70,28 @@ class layer_ref {
   [[nodiscard]] virtual index_t parameter_count() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
   /// Activation checkpointing: frees what the layer keeps for backward; saves its dropout
-  /// counter and buffers before a checkpointed forward, and puts them back before the
-  /// recompute (which then draws the same masks and updates the statistics once).
+  /// counter and buffers in slot 0 (before a checkpointed forward) or 1 (after it), and
+  /// puts a slot back: slot 0 before the recompute (which then draws the same masks and
+  /// updates the statistics once), slot 1 when the recompute failed.
   virtual void release_activations() noexcept = 0;
-  virtual void checkpoint_save() = 0;
-  virtual void checkpoint_restore() = 0;
+  virtual void checkpoint_save(int slot) = 0;
+  virtual void checkpoint_restore(int slot) = 0;
+  /// Records that the layer ran in the forward of step `generation` of `tape` (a
+  /// checkpointed segment's layers, for the once-per-forward rule).
+  virtual void mark_called(const void* tape, std::uint64_t generation) noexcept = 0;
 };
 
-/// The layers a checkpointed segment's forward calls (nn::checkpoint), when one runs.
-inline std::vector<layer_ref*>*& current_segment() noexcept {
-  thread_local std::vector<layer_ref*>* s = nullptr;
+/// A checkpointed segment while its forward runs: the layers it calls, and the step of
+/// the outer tape it belongs to.
+struct segment {
+  std::vector<layer_ref*> layers;
+  const void* outer_tape = nullptr;
+  std::uint64_t outer_generation = 0;
+};
+
+/// The checkpointed segment whose forward runs now on this thread, if any.
+inline segment*& current_segment() noexcept {
+  thread_local segment* s = nullptr;
   return s;
 }
 
@@ -275,35 +288,64 @@ class layer final : public detail::layer_ref {
                     "differs from the value's); declare it with the module's policy: nn::layer<nn::linear<D, P>>");
       return ag::var<typename V::value_type, typename V::device, V::rank>{};
     } else {
-      return call(x);
+      return call(x, ::locus::detail::act_kind::none);
+    }
+  }
+
+  /// The layer with an activation fused into it, as nn::sequential fuses the activation
+  /// after a linear layer: fc(x, ag::fused::relu) is relu(fc(x)) in one entry and one
+  /// pass (linear: any ag::fused activation, in the GEMM's epilogue where it can;
+  /// batch_norm2d: relu). Saves the activation's value and gradient buffers too.
+  template <class V>
+    requires ag::is_var_v<V>
+  auto operator()(const V& x, ag::fused act) {
+    if constexpr (!requires(L& l, const tensor_view<const C, device, V::rank>& v) {
+                    l.forward(v, ::locus::detail::act_kind::relu);
+                  }) {
+      static_assert(::locus::detail::always_false<V>,
+                    "locus: this layer has no fused activation (linear and batch_norm2d have one); apply the "
+                    "activation after it: ag::relu(layer(x))");
+      return (*this)(x);
+    } else {
+      const auto kind = ag::detail::kind_of(act);
+      if constexpr (requires { L::fuses_relu_only; }) {
+        if (kind != ::locus::detail::act_kind::none && kind != ::locus::detail::act_kind::relu)
+          throw value_error("locus: layer '" + full_name_ + "' (" + l_.describe() +
+                            ") fuses relu only; apply another activation after it: ag::gelu(layer(x))");
+      }
+      if constexpr (!std::is_same_v<typename V::device, device> || !std::is_same_v<typename V::value_type, C>)
+        return (*this)(x);  // the device and policy rules of the call without activation
+      else
+        return call(x, kind);
     }
   }
 
  private:
   template <class V>
-  auto call(const V& x) {
+  auto call(const V& x, ::locus::detail::act_kind act) {
     auto& t = ag::detail::owner(x, "a module's layer");
-    if (called_ == t.generation() && called_tape_ == &t)
+    auto* segment = t.training() ? detail::current_segment() : nullptr;
+    if ((called_ == t.generation() && called_tape_ == &t) ||
+        (segment != nullptr && called_ == segment->outer_generation && called_tape_ == segment->outer_tape))
       throw autograd_error("locus: layer '" + full_name_ +
-                           "' was called twice in one forward: a layer keeps the activations its backward needs, so "
-                           "each call needs its own layer (declare another nn::layer member)");
+                           "' was called twice in one forward (a checkpointed call counts): a layer keeps the "
+                           "activations its backward needs, so each call needs its own layer (declare another "
+                           "nn::layer member, or another nn::child)");
     called_ = t.generation();
     called_tape_ = &t;
-    if (t.training()) {
-      if (auto* segment = detail::current_segment()) {
-        segment->push_back(this);
-        checkpoint_save();
-      }
+    if (segment != nullptr) {
+      segment->layers.push_back(this);
+      checkpoint_save(0);
     }
     using out_view = decltype(l_.forward(x.value()));
     constexpr std::size_t RO = out_view::rank;
     if (!t.training()) {
-      auto y = l_.infer(x.value());
+      auto y = infer_with(x.value(), act);
       inferred_.template emplace<tensor<C, device, RO>>(std::move(y));
       const auto& held = std::get<tensor<C, device, RO>>(inferred_);
       return t.template alias<RO>(held.view(), false);
     }
-    const auto y = l_.forward(x.value());
+    const auto y = forward_with(x.value(), act);
     const bool rg = x.requires_grad() || l_.parameter_count() > 0;
     auto out = t.template alias<RO>(y, rg);
     if (rg) {
@@ -315,6 +357,20 @@ class layer final : public detail::layer_ref {
       n.out_shape = y.shape();
     }
     return out;
+  }
+
+ public:
+  template <class X>
+  auto forward_with(const X& x, ::locus::detail::act_kind act) {
+    if constexpr (requires(L& l, const X& v, ::locus::detail::act_kind a) { l.forward(v, a); })
+      return l_.forward(x, act);
+    else return l_.forward(x);  // (act is none: only layers that fuse one get another)
+  }
+  template <class X>
+  auto infer_with(const X& x, ::locus::detail::act_kind act) const {
+    if constexpr (requires(const L& l, const X& v, ::locus::detail::act_kind a) { l.infer(v, a); })
+      return l_.infer(x, act);
+    else return l_.infer(x);
   }
 
  public:
@@ -343,30 +399,36 @@ class layer final : public detail::layer_ref {
   void release_activations() noexcept override {
     if constexpr (requires(L& l) { l.release_activations(); }) l_.release_activations();
   }
-  void checkpoint_save() override {
-    saved_counter_ = counter();
+  void checkpoint_save(int slot) override {
+    auto& sv = saved_[slot];
+    sv.counter = counter();
     if constexpr (detail::has_buffers<L>) {
       std::size_t m = 0, i = 0;
       l_.for_each_buffer(std::string{}, [&](const std::string&, auto v) {
         if constexpr (std::is_same_v<decltype(v), tensor_view<std::int64_t, device, 0>>) {
-          if (saved_i_.size() <= i) saved_i_.emplace_back(v.shape());
-          ::locus::copy(v, saved_i_[i++]);
+          if (sv.counts.size() <= i) sv.counts.emplace_back(v.shape());
+          ::locus::copy(v, sv.counts[i++]);
         } else {
-          if (saved_m_.size() <= m) saved_m_.emplace_back(v.shape());
-          ::locus::copy(v, saved_m_[m++]);
+          if (sv.values.size() <= m) sv.values.emplace_back(v.shape());
+          ::locus::copy(v, sv.values[m++]);
         }
       });
     }
   }
-  void checkpoint_restore() override {
-    set_counter(saved_counter_);
+  void checkpoint_restore(int slot) override {
+    auto& sv = saved_[slot];
+    set_counter(sv.counter);
     if constexpr (detail::has_buffers<L>) {
       std::size_t m = 0, i = 0;
       l_.for_each_buffer(std::string{}, [&](const std::string&, auto v) {
-        if constexpr (std::is_same_v<decltype(v), tensor_view<std::int64_t, device, 0>>) ::locus::copy(saved_i_[i++], v);
-        else ::locus::copy(saved_m_[m++], v);
+        if constexpr (std::is_same_v<decltype(v), tensor_view<std::int64_t, device, 0>>) ::locus::copy(sv.counts[i++], v);
+        else ::locus::copy(sv.values[m++], v);
       });
     }
+  }
+  void mark_called(const void* tape, std::uint64_t generation) noexcept override {
+    called_tape_ = tape;
+    called_ = generation;
   }
 
  private:
@@ -395,10 +457,14 @@ class layer final : public detail::layer_ref {
   const void* called_tape_ = nullptr;
   std::variant<std::monostate, tensor<C, device, 1>, tensor<C, device, 2>, tensor<C, device, 3>, tensor<C, device, 4>>
       inferred_;
-  // activation checkpointing: the counter and buffers before the segment's forward
-  std::uint64_t saved_counter_ = 0;
-  std::vector<tensor<typename policy::master, device, 1>> saved_m_;
-  std::vector<tensor<std::int64_t, device, 0>> saved_i_;
+  // activation checkpointing: the counter and buffers before (0) and after (1) the
+  // segment's forward
+  struct saved_state {
+    std::uint64_t counter = 0;
+    std::vector<tensor<typename policy::master, device, 1>> values;
+    std::vector<tensor<std::int64_t, device, 0>> counts;
+  };
+  std::array<saved_state, 2> saved_;
 };
 
 namespace detail {
@@ -407,26 +473,24 @@ namespace detail {
 template <class T, Device D>
 struct checkpoint_state {
   ag::tape<T, D> tape;
-  std::vector<layer_ref*> layers;
+  segment seg;
   /// Frees the segment's activations: its layers' and its tape's buffers.
   void release() noexcept {
-    for (auto* l : layers) l->release_activations();
+    for (auto* l : seg.layers) l->release_activations();
     tape.release();
   }
 };
 
-/// Makes `segment` the list the layers called in its scope add themselves to.
+/// Makes `s` the segment the layers called in its scope add themselves to.
 class segment_scope {
  public:
-  explicit segment_scope(std::vector<layer_ref*>* segment) noexcept : previous_(current_segment()) {
-    current_segment() = segment;
-  }
+  explicit segment_scope(segment* s) noexcept : previous_(current_segment()) { current_segment() = s; }
   segment_scope(const segment_scope&) = delete;
   segment_scope& operator=(const segment_scope&) = delete;
   ~segment_scope() { current_segment() = previous_; }
 
  private:
-  std::vector<layer_ref*>* previous_;
+  segment* previous_;
 };
 
 /// Frees a segment's activations when it goes out of scope (an exception included).
@@ -486,11 +550,17 @@ class child {
                            "not both");
     if (!ckpt_) ckpt_ = std::make_unique<detail::checkpoint_state<T, Dv>>();
     auto& st = *ckpt_;
-    st.layers.clear();
+    if (st.seg.outer_tape == &t && st.seg.outer_generation == t.generation())
+      throw autograd_error("locus: child '" + name_ +
+                           "' was checkpointed twice in one forward: its recompute keeps one call's state; declare "
+                           "another nn::child for a second use");
+    st.seg.layers.clear();
+    st.seg.outer_tape = &t;
+    st.seg.outer_generation = t.generation();
     out_var out;
     {
       const detail::release_on_exit<T, Dv> release{st};
-      const detail::segment_scope scope(&st.layers);
+      const detail::segment_scope scope(&st.seg);
       st.tape.reset();
       st.tape.set_training(true);
       const auto ys = m_->forward(st.tape.constant(x.value()));
@@ -500,6 +570,13 @@ class child {
       const bool rg = x.requires_grad() || ys.requires_grad();
       out = t.template result<out_var::rank>(ys.shape(), rg);
       ::locus::copy(ys.value(), t.writable(out));
+      // the segment's layers count as called in this forward of the outer tape (a plain
+      // call of one of them after this is refused), and their state after it is kept
+      // for a recompute that fails
+      for (auto* l : st.seg.layers) {
+        l->mark_called(&t, t.generation());
+        l->checkpoint_save(1);
+      }
     }
     if (out.requires_grad()) {
       auto& n = t.template record<checkpoint_node<V::rank, out_var::rank>>();
@@ -526,16 +603,38 @@ class child {
       const detail::release_on_exit<typename M::C, typename M::device> release{st};
       // the counters and statistics of before the forward: the recompute draws the same
       // dropout masks and leaves the statistics as the forward left them
-      for (auto* l : st.layers) l->checkpoint_restore();
-      st.tape.reset();
-      st.tape.set_training(true);
-      const bool need = t.wants_grad(x);
-      const auto xs = need ? st.tape.leaf(x_value) : st.tape.constant(x_value);
-      const auto ys = self->m_->forward(xs);
-      st.tape.backward(ys, g);
-      if (need) {
-        auto [dst, fresh] = t.template grad_out<RI>(x, x_value.shape());
-        ag::detail::put(dst, fresh, st.tape.grad(xs));
+      for (auto* l : st.seg.layers) l->checkpoint_restore(0);
+      try {
+        st.tape.reset();
+        st.tape.set_training(true);
+        const bool need = t.wants_grad(x);
+        const auto xs = need ? st.tape.leaf(x_value) : st.tape.constant(x_value);
+        const auto ys = self->m_->forward(xs);
+        if (need && ag::detail::access::id(ys) == ag::detail::access::id(xs)) {
+          // the segment returned its input: its gradient is the output's
+          auto [dst, fresh] = t.template grad_out<RI>(x, x_value.shape());
+          const tensor_view<const typename M::C, typename M::device, RI> gx{
+              ::locus::detail::raw_view_key{}, g.data_handle(), x_value.shape(), g.device_index()};
+          ag::detail::put(dst, fresh, gx);
+          return;
+        }
+        // What reached x from the nodes after the segment starts x's gradient inside it,
+        // so the sums run in the order of the plain backward (bit for bit).
+        const auto prior = t.template grad_in<RI>(x, x_value.shape());
+        if (need && prior.data_handle() != nullptr) {
+          auto [d, fresh] = st.tape.template grad_out<RI>(ag::detail::access::id(xs), x_value.shape());
+          (void)fresh;
+          ::locus::copy(prior, d);
+        }
+        st.tape.backward(ys, g);
+        if (need) {
+          auto [dst, fresh] = t.template grad_out<RI>(x, x_value.shape());
+          (void)fresh;
+          ::locus::copy(st.tape.grad(xs), dst);  // (the prior contribution is in it)
+        }
+      } catch (...) {
+        for (auto* l : st.seg.layers) l->checkpoint_restore(1);  // as the forward left them
+        throw;
       }
     }
   };
@@ -676,8 +775,10 @@ class model {
     return {s.begin(), s.end()};
   }
   /// The shape of every value the inference forward records for an input of shape `in`
-  /// (the layers' outputs and the operations' between them, the input not included), in
-  /// forward order: what a batch of that shape keeps for its activations.
+  /// (the layers' outputs and the operations' between them, inside checkpointed children
+  /// too, the input not included), in forward order: an estimate of the activations a
+  /// training batch of that shape keeps (reshapes count though they alias). It runs the
+  /// inference forward, so it is not to be called while infer() runs on another thread.
   [[nodiscard]] std::vector<std::vector<index_t>> layer_shapes(const std::vector<index_t>& in) const {
     const auto x = probe_input(in);
     (void)infer(x);
