@@ -1181,7 +1181,8 @@ struct batch_norm_options {
 template <Device D, class Policy>
 class batch_norm2d : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute, 4> {
  public:
-  /// Of the activations, forward(x, act) fuses relu only (nn::layer checks).
+  /// forward(x, act) and infer(x, act) fuse an activation: relu only (nn::layer checks).
+  static constexpr bool fuses_activation = true;
   static constexpr bool fuses_relu_only = true;
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;

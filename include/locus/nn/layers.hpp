@@ -153,8 +153,9 @@ enum class bias { with, without };
 /// y = x w^T + b, w [out, in] (PyTorch's layout), b [out].
 template <Device D, class Policy>
 class linear : public detail::hooks<D, typename locus::detail::checked_policy_t<Policy>::compute> {
-
  public:
+  /// forward(x, act) and infer(x, act) fuse an activation (nn::layer's fc(x, ag::fused::relu)).
+  static constexpr bool fuses_activation = true;
   using device = D;
   using policy = locus::detail::checked_policy_t<Policy>;  // checks Policy (amp/policy.hpp)
   using C = typename policy::compute;

@@ -124,6 +124,18 @@ struct buffer_probe {
   void operator()(const std::string&, V) const noexcept {}
 };
 
+/// Layers whose forward and infer take a fused activation (linear, batch_norm2d: they
+/// say so), and those of them that fuse relu only. (Traits, not requires-expressions:
+/// nvcc compiles these.)
+template <class L, class = void>
+struct fuses_activation : std::false_type {};
+template <class L>
+struct fuses_activation<L, std::void_t<decltype(L::fuses_activation)>> : std::bool_constant<L::fuses_activation> {};
+template <class L, class = void>
+struct fuses_relu_only : std::false_type {};
+template <class L>
+struct fuses_relu_only<L, std::void_t<decltype(L::fuses_relu_only)>> : std::bool_constant<L::fuses_relu_only> {};
+
 template <class L>
 concept has_buffers = requires(L& l) { l.for_each_buffer(std::string{}, buffer_probe{}); };
 
@@ -299,16 +311,14 @@ class layer final : public detail::layer_ref {
   template <class V>
     requires ag::is_var_v<V>
   auto operator()(const V& x, ag::fused act) {
-    if constexpr (!requires(L& l, const tensor_view<const C, device, V::rank>& v) {
-                    l.forward(v, ::locus::detail::act_kind::relu);
-                  }) {
+    if constexpr (!detail::fuses_activation<L>::value) {
       static_assert(::locus::detail::always_false<V>,
                     "locus: this layer has no fused activation (linear and batch_norm2d have one); apply the "
                     "activation after it: ag::relu(layer(x))");
       return (*this)(x);
     } else {
       const auto kind = ag::detail::kind_of(act);
-      if constexpr (requires { L::fuses_relu_only; }) {
+      if constexpr (detail::fuses_relu_only<L>::value) {
         if (kind != ::locus::detail::act_kind::none && kind != ::locus::detail::act_kind::relu)
           throw value_error("locus: layer '" + full_name_ + "' (" + l_.describe() +
                             ") fuses relu only; apply another activation after it: ag::gelu(layer(x))");
@@ -362,14 +372,12 @@ class layer final : public detail::layer_ref {
  public:
   template <class X>
   auto forward_with(const X& x, ::locus::detail::act_kind act) {
-    if constexpr (requires(L& l, const X& v, ::locus::detail::act_kind a) { l.forward(v, a); })
-      return l_.forward(x, act);
+    if constexpr (detail::fuses_activation<L>::value) return l_.forward(x, act);
     else return l_.forward(x);  // (act is none: only layers that fuse one get another)
   }
   template <class X>
   auto infer_with(const X& x, ::locus::detail::act_kind act) const {
-    if constexpr (requires(const L& l, const X& v, ::locus::detail::act_kind a) { l.infer(v, a); })
-      return l_.infer(x, act);
+    if constexpr (detail::fuses_activation<L>::value) return l_.infer(x, act);
     else return l_.infer(x);
   }
 
