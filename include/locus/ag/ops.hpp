@@ -964,3 +964,6 @@ auto apply(const F& fn, const var<T, D, RA>& a, const var<T, D, RB>& b) {
   return out;
 }
 }  // namespace locus::ag
+
+// The layout operations and softmax (transpose, slice, concat, softmax, gather_rows).
+#include "shapes.hpp"
