@@ -75,9 +75,23 @@ class param final : public detail::layer_ref {
   template <class Parent>
   param(Parent* parent, std::string name, const extents<R>& shape, param_init init = param_init::zeros())
       : shape_(shape), init_(init) {
-    static_assert(std::is_same_v<typename Parent::device, D> && std::is_same_v<typename Parent::policy, policy>,
-                  "locus: an nn::param lives on another device or precision policy than its module (it would live "
-                  "apart from the model's store); declare it with the module's: nn::param<D, P, 1>");
+    if constexpr (same_place<Parent>()) declare(parent, name, shape, init);
+  }
+  param(const param&) = delete;
+  param& operator=(const param&) = delete;
+
+ private:
+  // Prevents: a parameter on another device or policy than its module (one error line:
+  // the declaration below is not instantiated then).
+  template <class Parent>
+  static constexpr bool same_place() {
+    constexpr bool ok = std::is_same_v<typename Parent::device, D> && std::is_same_v<typename Parent::policy, policy>;
+    static_assert(ok, "locus: an nn::param lives on another device or precision policy than its module (it would "
+                      "live apart from the model's store); declare it with the module's: nn::param<D, P, 1>");
+    return ok;
+  }
+  template <class Parent>
+  void declare(Parent* parent, const std::string& name, const extents<R>& shape, param_init init) {
     auto* reg = parent->registry();
     if (detail::current_registry<D, policy>() != reg)
       throw ::locus::error("locus: parameter '" + parent->prefix() + name +
@@ -99,8 +113,8 @@ class param final : public detail::layer_ref {
     e.buffers = [](auto&) {};
     reg->layers.push_back(std::move(e));
   }
-  param(const param&) = delete;
-  param& operator=(const param&) = delete;
+
+ public:
 
   /// The parameter as a value of x's tape (see the header).
   template <class V>
