@@ -2,7 +2,8 @@
 // arithmetic with bias broadcasting, scalar arithmetic, activations, exp and log,
 // matmul, linear (fused with its activation: one tape entry, one GEMM epilogue),
 // sum and mean, log_softmax, cross_entropy (log-softmax fused with the loss, as
-// nn::cross_entropy), reshape and flatten.
+// nn::cross_entropy), reshape and flatten; transpose, slice, concat, softmax and
+// gather_rows are in ag/shapes.hpp, included at the end.
 //
 // Rules. Two values of different devices or dtypes in one operation are compile errors
 // (the same `locus:` rules as tensors'); shapes that do not match are a shape_error
@@ -13,7 +14,7 @@
 // Length: every operation here is a forward and a node with its backward side by side,
 // sharing the detail helpers at the top (owner checks, put, scratch buffers); the seam
 // for a split is per family (element-wise, GEMMs, reductions and losses, shapes,
-// operations of your own), planned with the rest of issue 30's operations.
+// operations of your own), the layout family already in ag/shapes.hpp.
 #pragma once
 
 #include <cstdint>
@@ -631,6 +632,21 @@ var<T, D, 0> mean(const var<T, D, R>& x) {
 // ---- log_softmax and cross_entropy ------------------------------------------------------
 namespace detail {
 /// Row r of y = log_softmax(x) over `cols` columns (max-shifted, in compute_t<T>).
+/// A row's maximum m and sum of exp(x - m) (compute_t<T>): softmax's and log_softmax's
+/// first two passes.
+template <class T>
+LOCUS_HOST_DEVICE inline void row_max_sum(const T* xr, index_t cols, ::locus::detail::compute_t<T>& m,
+                                          ::locus::detail::compute_t<T>& s) {
+  using C = ::locus::detail::compute_t<T>;
+  m = ::locus::detail::load(xr[0]);
+  for (index_t j = 1; j < cols; ++j) {
+    const C v = ::locus::detail::load(xr[j]);
+    m = v > m ? v : m;
+  }
+  s = C(0);
+  for (index_t j = 0; j < cols; ++j) s += ::locus::detail::m_exp(::locus::detail::load(xr[j]) - m);
+}
+
 template <class T>
 struct log_softmax_rows {
   const T* x;
@@ -640,13 +656,8 @@ struct log_softmax_rows {
     using C = ::locus::detail::compute_t<T>;
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    C m = ::locus::detail::load(xr[0]);
-    for (index_t j = 1; j < cols; ++j) {
-      const C v = ::locus::detail::load(xr[j]);
-      m = v > m ? v : m;
-    }
-    C s(0);
-    for (index_t j = 0; j < cols; ++j) s += ::locus::detail::m_exp(::locus::detail::load(xr[j]) - m);
+    C m, s;
+    row_max_sum(xr, cols, m, s);
     const C lse = m + ::locus::detail::m_log(s);
     for (index_t j = 0; j < cols; ++j) yr[j] = ::locus::detail::store<T>(::locus::detail::load(xr[j]) - lse);
   }

@@ -177,13 +177,8 @@ struct softmax_rows {
     using C = ::locus::detail::compute_t<T>;
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    C m = ::locus::detail::load(xr[0]);
-    for (index_t j = 1; j < cols; ++j) {
-      const C v = ::locus::detail::load(xr[j]);
-      m = v > m ? v : m;
-    }
-    C s(0);
-    for (index_t j = 0; j < cols; ++j) s += ::locus::detail::m_exp(::locus::detail::load(xr[j]) - m);
+    C m, s;
+    row_max_sum(xr, cols, m, s);
     const C inv = C(1) / s;
     for (index_t j = 0; j < cols; ++j)
       yr[j] = ::locus::detail::store<T>(::locus::detail::m_exp(::locus::detail::load(xr[j]) - m) * inv);
