@@ -1,0 +1,72 @@
+// CUDA suite: the tape's layout operations (ag/shapes.hpp) and nn::param on cuda give
+// the gradients the host tape gives for the same inputs (the host ones are checked
+// against f64 finite differences in tests/test_autograd_shapes.cpp and test_param.cpp).
+// Skipped, and reported so, without a GPU.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <locus/ag/ops.hpp>
+#include <locus/locus.hpp>
+#include <locus/nn/param.hpp>
+
+namespace {
+namespace ag = locus::ag;
+using locus::index_t;
+
+template <class D>
+std::vector<float> layout_grad(const locus::tensor<float, locus::cpu, 2>& a_host,
+                               const locus::tensor<std::int64_t, locus::cpu, 1>& ids_host) {
+  const auto a = locus::to<D>(a_host);
+  const auto ids = locus::to<D>(ids_host);
+  ag::tape<float, D> t;
+  const auto x = t.leaf(a);
+  const auto y = ag::concat(1, ag::softmax(ag::slice(x, 1, 0, 3)), ag::transpose(ag::slice(ag::transpose(x), 0, 3, 6)));
+  t.backward(ag::sum(ag::gather_rows(y, ids) * ag::gather_rows(y, ids)));
+  const auto g = locus::to<locus::cpu>(t.grad(x));
+  return {g.data_handle(), g.data_handle() + g.numel()};
+}
+
+template <class D, class P>
+struct gained : locus::nn::module<D, P> {
+  locus::nn::param<D, P, 2> w{this, "w", {6, 4}, locus::nn::param_init::uniform(-0.5, 0.5)};
+  locus::nn::param<D, P, 1> gain{this, "gain", {4}, locus::nn::param_init::ones()};
+  auto forward(const typename gained::template var<2>& x) {
+    return ag::tanh(ag::matmul(x, w.on(x))) * gain.on(x) + gain.on(x);
+  }
+};
+
+template <class D>
+std::vector<float> param_grad(const locus::tensor<float, locus::cpu, 2>& x_host,
+                              const locus::tensor<float, locus::cpu, 2>& gy_host) {
+  locus::nn::model<gained<D, locus::amp::fp32>> m;
+  const auto x = locus::to<D>(x_host);
+  const auto gy = locus::to<D>(gy_host);
+  m.parameters().zero_grad();
+  (void)m.forward(x.view());
+  (void)m.backward(gy.view());
+  const auto g = locus::to<locus::cpu>(m.parameters().grad());
+  return {g.data_handle(), g.data_handle() + g.numel()};
+}
+}  // namespace
+
+TEST_CASE("ag layout operations and nn::param on cuda give the gradients of the host tape") {
+  const auto a = locus::rand<float, locus::cpu>({4, 6}, 25, -1.0, 1.0);
+  locus::tensor<std::int64_t, locus::cpu, 1> ids({5});
+  for (index_t i = 0; i < 5; ++i) ids.data_handle()[i] = (i * 3) % 4;
+  const auto h = layout_grad<locus::cpu>(a, ids);
+  const auto c = layout_grad<locus::cuda>(a, ids);
+  REQUIRE(h.size() == c.size());
+  for (std::size_t i = 0; i < h.size(); ++i) CHECK(c[i] == doctest::Approx(h[i]).epsilon(1e-5).scale(1.0));
+  // an id outside the table is refused on cuda too (the ids are checked on the host)
+  ids.data_handle()[2] = 9;
+  CHECK_THROWS_AS(layout_grad<locus::cuda>(a, ids), locus::value_error);
+
+  const auto x = locus::randn<float, locus::cpu>({3, 6}, 1);
+  const auto gy = locus::randn<float, locus::cpu>({3, 4}, 2);
+  const auto hp = param_grad<locus::cpu>(x, gy);
+  const auto cp = param_grad<locus::cuda>(x, gy);
+  REQUIRE(hp.size() == cp.size());
+  for (std::size_t i = 0; i < hp.size(); ++i) CHECK(cp[i] == doctest::Approx(hp[i]).epsilon(1e-5).scale(1.0));
+}
