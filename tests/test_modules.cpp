@@ -15,6 +15,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include <locus/data/loader.hpp>
+#include <locus/data/tensor_dataset.hpp>
 #include <locus/nn/module.hpp>
 #include <locus/train.hpp>
 
@@ -391,4 +393,92 @@ TEST_CASE("modules: a layer with a fused activation, fc(x, ag::fused::relu), tra
   nn::model<bn_gelu<cpu, P>> b;
   const auto xb = locus::randn<float, cpu>({3, 2, 2, 2}, 1);
   CHECK_THROWS_WITH_AS((void)b.forward(xb.view()), doctest::Contains("fuses relu only"), locus::value_error);
+}
+
+namespace {
+
+// The main job's CNN (examples/fashion_mnist.cpp, make_cnn) written as a module, its
+// layers named as nn::sequential numbers them, for 1 x 8 x 8 images.
+template <class D, class P>
+struct main_cnn : nn::module<D, P> {
+  nn::layer<nn::conv2d<D, P>> c0{this, "0", 1, 32, 3, nn::conv2d_options{.padding = 1}};
+  nn::layer<nn::batch_norm2d<D, P>> bn1{this, "1", 32};
+  nn::layer<nn::relu<D, P>> r2{this, "2"};
+  nn::layer<nn::max_pool2d<D, P>> p3{this, "3", 2};
+  nn::layer<nn::conv2d<D, P>> c4{this, "4", 32, 64, 3, nn::conv2d_options{.padding = 1}};
+  nn::layer<nn::batch_norm2d<D, P>> bn5{this, "5", 64};
+  nn::layer<nn::relu<D, P>> r6{this, "6"};
+  nn::layer<nn::max_pool2d<D, P>> p7{this, "7", 2};
+  nn::layer<nn::flatten<D, P>> f8{this, "8"};
+  nn::layer<nn::linear<D, P>> fc9{this, "9", 64 * 2 * 2, 128};
+  nn::layer<nn::relu<D, P>> r10{this, "10"};
+  nn::layer<nn::dropout<D, P>> d11{this, "11", 0.3f, std::uint64_t{5}};
+  nn::layer<nn::linear<D, P>> fc12{this, "12", 128, 10};
+  auto forward(const typename main_cnn::template var<4>& x) {
+    return fc12(d11(r10(fc9(f8(p7(r6(bn5(c4(p3(r2(bn1(c0(x)))))))))))));
+  }
+};
+
+/// Every buffer's name and bits (batch norm's running statistics and count).
+template <class M>
+std::vector<std::pair<std::string, std::vector<std::uint64_t>>> buffer_bits(const M& m) {
+  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> out;
+  m.for_each_buffer([&](const std::string& name, auto v) { out.emplace_back(name, bits(v.data_handle(), v.numel())); });
+  return out;
+}
+
+/// 3 epochs of `a` and `b` through the loader (shuffled, a smaller last batch), the
+/// trainer with accumulation; every epoch's loss and the final weights and buffers must
+/// be the same bits.
+template <class A, class B, class Wrap>
+void three_epochs_equal(A& a, B& b, index_t features, index_t classes, Wrap wrap) {
+  auto x = locus::randn<float, cpu>({300, features}, 31);
+  auto y = locus::zeros<std::int64_t, cpu>({300});
+  for (index_t i = 0; i < 300; ++i) y(i) = (i * 7 + 3) % classes;
+  locus::data::tensor_dataset set(std::move(x), std::move(y));
+  optim::adamw<cpu> oa(a.parameters(), {.lr = 1e-3, .weight_decay = 1e-4});
+  optim::adamw<cpu> ob(b.parameters(), {.lr = 1e-3, .weight_decay = 1e-4});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{}, {.accumulate = 2});
+  locus::train::trainer tb(b, ob, nn::cross_entropy{}, {.accumulate = 2});
+  locus::data::loader<cpu, locus::data::tensor_dataset> la(set, {.batch_size = 64, .shuffle = true, .seed = 9});
+  locus::data::loader<cpu, locus::data::tensor_dataset> lb(set, {.batch_size = 64, .shuffle = true, .seed = 9});
+  for (int e = 0; e < 3; ++e) {
+    auto&& ia = wrap(la);
+    auto&& ib = wrap(lb);
+    const auto ma = ta.train_epoch(ia, {.epoch = e});
+    const auto mb = tb.train_epoch(ib, {.epoch = e});
+    CHECK(std::bit_cast<std::uint64_t>(ma.loss) == std::bit_cast<std::uint64_t>(mb.loss));
+    CHECK(ma.optimizer_steps == mb.optimizer_steps);
+  }
+  CHECK(ta.optimizer_steps() == 9);  // 5 batches an epoch (4 of 64, one of 44), 2 per step, a short last step
+  CHECK(bits(a.parameters().master().data_handle(), a.parameters().size()) ==
+        bits(b.parameters().master().data_handle(), b.parameters().size()));
+  const auto ba = buffer_bits(a), bb = buffer_bits(b);
+  CHECK(!ba.empty() == (features == 64));  // the CNN's batch norms have buffers
+  CHECK(ba == bb);
+}
+
+}  // namespace
+
+TEST_CASE("modules: the main job's MLP and CNN as modules train 3 epochs bit for bit as nn::sequential (fp32, CPU)") {
+  using P = locus::amp::fp32;
+  SUBCASE("MLP") {
+    nn::model<mlp<cpu, P>> m;
+    nn::sequential s(nn::linear<cpu, P>(20, 16), nn::relu<cpu, P>(), nn::linear<cpu, P>(16, 12), nn::relu<cpu, P>(),
+                     nn::linear<cpu, P>(12, 5));
+    m.reset_parameters(3);
+    s.reset_parameters(3);
+    three_epochs_equal(m, s, 20, 5, [](auto& l) -> auto& { return l; });
+  }
+  SUBCASE("CNN, with batch norm and dropout") {
+    nn::model<main_cnn<cpu, P>> m;
+    nn::sequential s(nn::conv2d<cpu, P>(1, 32, 3, {.padding = 1}), nn::batch_norm2d<cpu, P>(32), nn::relu<cpu, P>(),
+                     nn::max_pool2d<cpu, P>(2), nn::conv2d<cpu, P>(32, 64, 3, {.padding = 1}),
+                     nn::batch_norm2d<cpu, P>(64), nn::relu<cpu, P>(), nn::max_pool2d<cpu, P>(2), nn::flatten<cpu, P>(),
+                     nn::linear<cpu, P>(64 * 2 * 2, 128), nn::relu<cpu, P>(), nn::dropout<cpu, P>(0.3f, 5),
+                     nn::linear<cpu, P>(128, 10));
+    m.reset_parameters(4);
+    s.reset_parameters(4);
+    three_epochs_equal(m, s, 64, 10, [](auto& l) { return locus::data::images(l, 1, 8, 8); });
+  }
 }
