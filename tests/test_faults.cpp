@@ -2,8 +2,8 @@
 // allocation request fails with out_of_memory, for every k a step makes, in turn.
 //
 // A training step (forward, loss, backward, grad scaler, optimizer, accumulation of two
-// micro-batches, a batch that grows) for an MLP with dropout and a CNN with batch norm,
-// under fp32 and fp16_mixed: each time out_of_memory reaches the caller, the trainer's
+// micro-batches, a batch that grows) for an MLP with dropout, a CNN with batch norm and a
+// module with a skip connection (nn::module), under fp32 and fp16_mixed or bf16_mixed: each time out_of_memory reaches the caller, the trainer's
 // state (master weights, optimizer moments and step, scaler state, step counters, dropout
 // counters, batch norm's running statistics: everything a checkpoint holds) is byte for
 // byte what it was before the step; the same step retried without a fault succeeds, and
@@ -16,6 +16,7 @@
 #include <locus/data/loader.hpp>
 #include <locus/data/tensor_dataset.hpp>
 #include <locus/nn/conv.hpp>
+#include <locus/nn/module.hpp>
 #include <locus/train.hpp>
 
 #include <cstdint>
@@ -194,7 +195,49 @@ struct fp16_bundle {
   }
 };
 
+/// A module with a skip connection: conv, a residual pair with batch norm around it,
+/// dropout and a head (nn::model is built in place: its layers point into it).
+template <class P>
+struct residual : nn::module<D, P> {
+  nn::layer<nn::conv2d<D, P>> stem{this, "stem", 1, 4, 3, nn::conv2d_options{.padding = 1}};
+  nn::layer<nn::relu<D, P>> relu0{this, "relu0"};
+  nn::layer<nn::conv2d<D, P>> conv1{this, "conv1", 4, 4, 3, nn::conv2d_options{.padding = 1, .bias = false}};
+  nn::layer<nn::batch_norm2d<D, P>> bn1{this, "bn1", 4};
+  nn::layer<nn::relu<D, P>> relu1{this, "relu1"};
+  nn::layer<nn::max_pool2d<D, P>> pool{this, "pool", 2};
+  nn::layer<nn::flatten<D, P>> flat{this, "flat"};
+  nn::layer<nn::dropout<D, P>> drop{this, "drop", 0.2f, std::uint64_t{9}};
+  nn::layer<nn::linear<D, P>> fc{this, "fc", 4 * 4 * 4, 4};
+  auto forward(const typename residual::template var<4>& x) {
+    const auto h = relu0(stem(x));
+    return fc(drop(flat(pool(relu1(bn1(conv1(h)) + h)))));
+  }
+};
+
+template <class P>
+struct module_bundle {
+  using trainer_t = locus::train::trainer<nn::model<residual<P>>, locus::optim::adamw<D>, nn::cross_entropy>;
+  nn::model<residual<P>> m;
+  locus::optim::adamw<D> opt;
+  std::unique_ptr<trainer_t> t;
+  module_bundle() : opt((m.reset_parameters(7), m.parameters()), {.lr = 1e-2}) {
+    t = std::make_unique<trainer_t>(m, opt, nn::cross_entropy{}, locus::train::options{.accumulate = 2});
+  }
+};
+
 }  // namespace
+
+TEST_CASE("faults: every allocation of a training step of a module with a skip connection fails in turn, the "
+          "state is untouched and the run recovers bit for bit") {
+  const auto b = make_batches<4>(locus::extents<4>{1, 1, 8, 8});
+  const int p32 = fault_every_allocation([] { return module_bundle<locus::amp::fp32>(); }, b,
+                                         "residual module fp32", false);
+  const int pb = fault_every_allocation([] { return module_bundle<locus::amp::bf16_mixed>(); }, b,
+                                        "residual module bf16_mixed", true);
+  MESSAGE("residual module: " << p32 << " fault positions under fp32, " << pb << " under bf16_mixed");
+  CHECK(p32 > 10);
+  CHECK(pb > 10);
+}
 
 TEST_CASE("faults: every allocation of an MLP training step fails in turn, the state is untouched and the run "
           "recovers bit for bit (fp32 adamw, fp16_mixed sgd with a grad scaler)") {

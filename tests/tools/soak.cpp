@@ -2,8 +2,8 @@
 //
 //   soak EPOCHS [CSV]
 //
-// An MLP (with dropout) and a CNN (with batch norm) train on synthetic data through
-// the loader (prefetching on its background thread) and are evaluated every epoch. After
+// An MLP (with dropout), a CNN (with batch norm) and a module with a skip connection
+// (a residual block, nn::module) train on synthetic data through the loader (prefetching on its background thread) and are evaluated every epoch. After
 // the first epoch, per epoch: the allocator's reserved and allocated bytes must not
 // change, and the training steps must make no allocation at all (every request a
 // device's allocator sees from a step is counted: on the host each would be a malloc),
@@ -12,6 +12,7 @@
 #include <locus/data/loader.hpp>
 #include <locus/data/tensor_dataset.hpp>
 #include <locus/nn/conv.hpp>
+#include <locus/nn/module.hpp>
 #include <locus/train.hpp>
 
 #include <cstdint>
@@ -34,6 +35,27 @@ locus::data::tensor_dataset make_set(index_t n, index_t features, std::uint64_t 
   for (index_t i = 0; i < n; ++i) y(i) = (i * 7 + static_cast<index_t>(seed)) % 10;
   return locus::data::tensor_dataset(std::move(x), std::move(y));
 }
+
+/// A module with a skip connection: stem, a residual block (conv-bn-relu-conv-bn plus
+/// its input), dropout, a head; its tape's entries and buffers are reused every step.
+template <class D, class P>
+struct residual : nn::module<D, P> {
+  nn::layer<nn::conv2d<D, P>> stem{this, "stem", 1, 8, 3, nn::conv2d_options{.padding = 1}};
+  nn::layer<nn::relu<D, P>> relu0{this, "relu0"};
+  nn::layer<nn::conv2d<D, P>> conv1{this, "conv1", 8, 8, 3, nn::conv2d_options{.padding = 1, .bias = false}};
+  nn::layer<nn::batch_norm2d<D, P>> bn1{this, "bn1", 8};
+  nn::layer<nn::conv2d<D, P>> conv2{this, "conv2", 8, 8, 3, nn::conv2d_options{.padding = 1, .bias = false}};
+  nn::layer<nn::batch_norm2d<D, P>> bn2{this, "bn2", 8};
+  nn::layer<nn::relu<D, P>> relu2{this, "relu2"};
+  nn::layer<nn::max_pool2d<D, P>> pool{this, "pool", 2};
+  nn::layer<nn::flatten<D, P>> flat{this, "flat"};
+  nn::layer<nn::dropout<D, P>> drop{this, "drop", 0.2f, std::uint64_t{6}};
+  nn::layer<nn::linear<D, P>> fc{this, "fc", 8 * 4 * 4, 10};
+  auto forward(const typename residual::template var<4>& x) {
+    const auto h = relu0(stem(x));
+    return fc(drop(flat(pool(relu2(bn2(conv2(bn1(conv1(h), locus::ag::fused::relu))) + h)))));
+  }
+};
 
 /// Counts the allocation requests of `f` (the fault counter armed with a k no run reaches).
 template <class F>
@@ -79,7 +101,7 @@ bool soak(const std::string& name, Model& model, Wrap wrap, index_t features, in
     const auto s = locus::memory_stats<D>();
     const row r{e + 1, s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes, train_req, eval_req,
                 m.optimizer_steps, m.loss};
-    std::printf("%-18s epoch %3d  allocated %8zu B  reserved %8zu B  peak %8zu B  allocation requests: training %lld, "
+    std::printf("%-26s epoch %3d  allocated %8zu B  reserved %8zu B  peak %8zu B  allocation requests: training %lld, "
                 "evaluation %lld  (%lld steps, loss %.4f)\n",
                 name.c_str(), r.epoch, r.allocated, r.reserved, r.peak, static_cast<long long>(train_req),
                 static_cast<long long>(eval_req), static_cast<long long>(r.steps), r.loss);
@@ -149,6 +171,13 @@ int main(int argc, char** argv) {
       cnn.reset_parameters(5);
       ok = soak("cnn" + tag, cnn, [](auto& l) { return locus::data::images(l, 1, 8, 8); }, 64, epochs, drop_last,
                 argc > 2 ? &csv : nullptr) &&
+           ok;
+    }
+    {
+      nn::model<residual<D, P>> res;
+      res.reset_parameters(6);
+      ok = soak("residual module" + tag, res, [](auto& l) { return locus::data::images(l, 1, 8, 8); }, 64, epochs,
+                drop_last, argc > 2 ? &csv : nullptr) &&
            ok;
     }
   }

@@ -409,6 +409,7 @@ class loader {
   // One prepared batch, or the error that ended the epoch.
   struct item {
     std::optional<batch<D>> b;
+    index_t k = 0;  // the batch's position in the epoch
     std::exception_ptr error;
 #if LOCUS_HAS_CUDA
     // Completes when the side stream's copies into b are done.
@@ -434,10 +435,10 @@ class loader {
   }
 
   void next() {
-    if constexpr (recycles) {  // the batch handed out before: kept for the producer to refill
+    if constexpr (recycles) {  // the batch handed out before: back in its slot, for the producer to refill
       if (current_) {
         std::lock_guard lock(mutex_);
-        if (spare_.size() < static_cast<std::size_t>(options_.prefetch) + 1) spare_.push_back(std::move(*current_));
+        slot_of(current_k_) = std::move(*current_);
       }
     }
     current_.reset();  // free the batch handed out before taking the next
@@ -481,6 +482,7 @@ class loader {
     }
 #endif
     current_ = std::move(it.b);
+    current_k_ = it.k;
     ++delivered_;
   }
 
@@ -544,14 +546,15 @@ class loader {
         const index_t count = std::min<index_t>(options_.batch_size,
                                                 static_cast<index_t>(order_.size()) - first);
         item it;
+        it.k = k;
         if constexpr (!is_cuda) {
-          it.b.emplace(make_filled<D>(first, count));
+          it.b.emplace(make_filled<D>(first, count, k));
           if (abort_.load(std::memory_order_relaxed)) return;  // stopped: the batch may be half filled
         } else {
 #if LOCUS_HAS_CUDA
           // At most `prefetch` staging batches under the copy engine, this one included.
           staging.retire(static_cast<std::size_t>(options_.prefetch) - 1);
-          auto staged = make_filled<pinned>(first, count);
+          auto staged = make_filled<pinned>(first, count, k);
           if (abort_.load(std::memory_order_relaxed)) return;  // stopped: the batch may be half filled
           const index_t f = static_cast<index_t>(source_->features());
           batch<cuda> b;
@@ -638,13 +641,13 @@ class loader {
   };
 #endif
 
-  /// Positions [first, first + count) of this epoch's order, gathered on host
+  /// Positions [first, first + count) of this epoch's order (batch `pos`), gathered on host
   /// device H (cpu or pinned): by this thread alone with one worker, else by this
   /// thread and the helpers (fill_in_parallel).
   template <class H>
-  batch<H> make_filled(index_t first, index_t count) {
+  batch<H> make_filled(index_t first, index_t count, index_t pos) {
     const index_t f = static_cast<index_t>(source_->features());
-    batch<H> b = fresh_batch<H>(count, f);
+    batch<H> b = fresh_batch<H>(count, f, pos);
     const fill_job job{b.x.data_handle(), b.y.data_handle(), first, count, f};
     if (helpers_.empty()) {
       for (index_t k = 0; k < count; ++k) fill_sample(job, k);
@@ -799,18 +802,35 @@ class loader {
     helpers_.clear();
   }
 
-  /// A batch of `count` rows to fill: on cpu a spare one of that shape when the consumer
-  /// has handed one back (no allocation per batch in steady state), else a new one.
+  /// Batch k's slot: batch k of an epoch is always filled into slot k % (prefetch + 1).
+  /// At most prefetch + 1 batches are alive at once (the queue, the one being filled,
+  /// the consumer's), so when batch k is filled the consumer has handed back batch
+  /// k - prefetch - 1, the slot's previous batch: the slot is full, and what is allocated
+  /// (how many batches, of which shapes) does not depend on the threads' timing.
+  std::optional<batch<D>>& slot_of(index_t k) {
+    const std::size_t n = static_cast<std::size_t>(options_.prefetch) + 1;
+    if (slots_.size() != n) slots_.resize(n);
+    return slots_[static_cast<std::size_t>(k) % n];
+  }
+
+  /// Batch k's rows to fill: on cpu its slot's batch when that has the shape (no
+  /// allocation per batch in steady state), else a new one.
   template <class H>
-  batch<H> fresh_batch(index_t count, index_t f) {
+  batch<H> fresh_batch(index_t count, index_t f, index_t k) {
     if constexpr (recycles && std::is_same_v<H, D>) {
-      std::lock_guard lock(mutex_);
-      for (auto it = spare_.begin(); it != spare_.end(); ++it)
-        if (it->x.shape() == extents<2>{count, f}) {
-          batch<H> b = std::move(*it);
-          spare_.erase(it);
+      std::optional<batch<D>> old;
+      {
+        std::lock_guard lock(mutex_);
+        auto& s = slot_of(k);
+        if (s && s->x.shape() == extents<2>{count, f}) {
+          batch<H> b = std::move(*s);
+          s.reset();
           return b;
         }
+        old = std::move(s);  // another shape (an epoch's last, smaller batch): freed, outside the lock
+        s.reset();
+      }
+      old.reset();
     }
     return batch<H>{tensor<float, H, 2>(extents<2>{count, f}), tensor<std::int64_t, H, 1>(extents<1>{count})};
   }
@@ -829,7 +849,8 @@ class loader {
   index_t batches_ = 0, delivered_ = 0;
   bool active_ = false;
   std::optional<batch<D>> current_;
-  std::vector<batch<D>> spare_;  // guarded by mutex_: batches to refill (cpu)
+  index_t current_k_ = 0;  // current_'s position in its epoch
+  std::vector<std::optional<batch<D>>> slots_;  // guarded by mutex_: batches to refill (cpu), slot_of
 
   std::mutex mutex_;
   std::condition_variable ready_cv_, space_cv_;
