@@ -18,6 +18,7 @@
 #include <locus/data/loader.hpp>
 #include <locus/data/tensor_dataset.hpp>
 #include <locus/nn/module.hpp>
+#include <locus/nn/param.hpp>
 #include <locus/train.hpp>
 
 namespace {
@@ -480,5 +481,68 @@ TEST_CASE("modules: the main job's MLP and CNN as modules train 3 epochs bit for
     m.reset_parameters(4);
     s.reset_parameters(4);
     three_epochs_equal(m, s, 64, 10, [](auto& l) { return locus::data::images(l, 1, 8, 8); });
+  }
+}
+
+namespace {
+
+template <class D, class P>
+struct bucket_inner : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> fc{this, "fc", 16, 16};
+  nn::param<D, P, 1> scale{this, "scale", {16}, nn::param_init::uniform(0.5, 1.5)};
+  auto forward(const typename bucket_inner::template var<2>& x) { return ag::tanh(fc(x)) * scale.on(x); }
+};
+
+// Declared in another order than it runs: `late` first but called last, a parameter used
+// twice (early and late), a checkpointed child, a layer never called.
+template <class D, class P>
+struct tangled : nn::module<D, P> {
+  nn::layer<nn::linear<D, P>> late{this, "late", 16, 5};
+  nn::param<D, P, 1> gain{this, "gain", {16}, nn::param_init::uniform(0.5, 1.5)};
+  nn::layer<nn::linear<D, P>> first{this, "first", 8, 16};
+  nn::child<bucket_inner<D, P>> body{this, "body"};
+  nn::layer<nn::linear<D, P>> unused{this, "unused", 4, 4};
+  bool checkpointed = true;
+  auto forward(const typename tangled::template var<2>& x) {
+    const auto h = first(x) * gain.on(x);
+    const auto b = checkpointed ? nn::checkpoint(body, h) : body(h);
+    return late((b + h) * gain.on(x));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("modules: during backward, the gradients reported final (data parallel's buckets) are not written again") {
+  using P = locus::amp::fp32;
+  for (const bool ckpt : {true, false}) {
+    CAPTURE(ckpt);
+    nn::model<tangled<cpu, P>> m;
+    m.net().checkpointed = ckpt;
+    m.reset_parameters(2);
+    auto grad = m.parameters().grad_unsettled();
+    const index_t size = grad.numel();
+    std::vector<std::pair<index_t, std::vector<std::uint64_t>>> reports;
+    m.set_gradients_final([&](index_t first) {
+      reports.emplace_back(first, bits(grad.data_handle() + first, size - first));
+    });
+    for (int step = 0; step < 2; ++step) {
+      reports.clear();
+      const auto x = locus::randn<float, cpu>({6, 8}, 10 + static_cast<std::uint64_t>(step));
+      const auto g = locus::randn<float, cpu>({6, 5}, 20 + static_cast<std::uint64_t>(step));
+      (void)m.forward(x.view());
+      (void)m.backward(g.view());
+      // the unused layer at the end is final at once; every later report reaches further
+      // back; the last covers everything
+      REQUIRE(reports.size() >= 2);
+      const auto& entries = m.parameters().entries();
+      CHECK(reports.front().first == entries[entries.size() - 2].offset);  // unused.weight, unused.bias
+      for (std::size_t i = 1; i < reports.size(); ++i) CHECK(reports[i].first < reports[i - 1].first);
+      CHECK(reports.back().first == 0);
+      // nothing reported final changed afterwards
+      for (const auto& [first, snap] : reports) {
+        CAPTURE(first);
+        CHECK(bits(grad.data_handle() + first, size - first) == snap);
+      }
+    }
   }
 }

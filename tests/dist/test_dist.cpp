@@ -15,6 +15,8 @@
 #include <locus/data/loader.hpp>
 #include <locus/data/tensor_dataset.hpp>
 #include <locus/dist.hpp>
+#include <locus/nn/module.hpp>
+#include <locus/nn/param.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -334,6 +336,66 @@ TEST_CASE("data_parallel: buckets reduced during backward give the bits of one a
   CHECK(buckets.buckets() == 12);  // both linear layers, every step: reduced during backward
   CHECK(acc.syncs() == 3);
   CHECK(acc.buckets() == 6);       // only the optimizer steps' backward
+  CHECK(one.buckets() == 0);
+}
+
+namespace {
+namespace ag = locus::ag;
+template <class D, class Pol>
+struct dp_inner : nn::module<D, Pol> {
+  nn::layer<nn::linear<D, Pol>> fc{this, "fc", 32, 32};
+  nn::layer<nn::relu<D, Pol>> relu{this, "relu"};
+  auto forward(const typename dp_inner::template var<2>& x) { return relu(fc(x)); }
+};
+// A module with a skip connection, a checkpointed child, a parameter used twice and its
+// head declared first (called last): buckets must start only where gradients are final.
+template <class D, class Pol>
+struct dp_net : nn::module<D, Pol> {
+  nn::layer<nn::linear<D, Pol>> head{this, "head", 32, 5};
+  nn::param<D, Pol, 1> gain{this, "gain", {32}, nn::param_init::uniform(0.5, 1.5)};
+  nn::layer<nn::linear<D, Pol>> stem{this, "stem", 20, 32};
+  nn::child<dp_inner<D, Pol>> block{this, "block"};
+  auto forward(const typename dp_net::template var<2>& x) {
+    const auto h = stem(x) * gain.on(x);
+    return head((nn::checkpoint(block, h) + h) * gain.on(x));
+  }
+};
+}  // namespace
+
+TEST_CASE("data_parallel: a module's buckets (skip connection, checkpointed child, a parameter used twice) give the "
+          "bits of one all-reduce after backward") {
+  auto& c = world();
+  const task data = make_task(96, 70 + static_cast<std::uint64_t>(c.rank()));  // each rank its own data
+  nn::model<dp_net<cpu, P>> a, b, d;
+  a.reset_parameters(4);
+  b.reset_parameters(4);
+  d.reset_parameters(4);
+  locus::optim::adamw<cpu> oa(a.parameters(), {.lr = 1e-2}), ob(b.parameters(), {.lr = 1e-2}),
+      od(d.parameters(), {.lr = 1e-2});
+  locus::train::trainer ta(a, oa, nn::cross_entropy{}), tb(b, ob, nn::cross_entropy{}),
+      td(d, od, nn::cross_entropy{}, {.accumulate = 2});
+  dist::data_parallel one(c, ta);
+  dist::data_parallel buckets(c, tb, {.bucket_bytes = 1});  // a bucket whenever more is final
+  dist::data_parallel acc(c, td, {.bucket_bytes = 512});
+  for (index_t s = 0; s < 6; ++s) {
+    const auto x = data.x.slice(16 * s, 16 * s + 16);
+    const auto y = data.y.slice(16 * s, 16 * s + 16);
+    ta.step(x, y);
+    tb.step(x, y);
+    td.step(x, y);
+  }
+  const auto wa = locus::to<cpu>(std::as_const(a.parameters()).master());
+  const auto wb = locus::to<cpu>(std::as_const(b.parameters()).master());
+  CHECK(std::memcmp(wa.data_handle(), wb.data_handle(), wa.size_bytes()) == 0);
+  CHECK(bit_identical_across_ranks(std::as_const(a.parameters()).master()));
+  CHECK(bit_identical_across_ranks(std::as_const(b.parameters()).master()));
+  CHECK(bit_identical_across_ranks(std::as_const(d.parameters()).master()));
+  CHECK(buckets.syncs() == 6);
+  // head (offset 0) is final first but reported with the rest; the block, stem and gain
+  // before it: at least two buckets every step
+  CHECK(buckets.buckets() >= 12);
+  CHECK(acc.syncs() == 3);
+  CHECK(acc.buckets() >= 3);
   CHECK(one.buckets() == 0);
 }
 

@@ -79,6 +79,18 @@ class layer_ref {
   /// Records that the layer ran in the forward of step `generation` of `tape` (a
   /// checkpointed segment's layers, for the once-per-forward rule).
   virtual void mark_called(const void* tape, std::uint64_t generation) noexcept = 0;
+  /// How many tape entries of step `generation` of `tape` write this layer's parameter
+  /// gradients (a layer: 0 or 1; an nn::param: one per on()). Data parallel's buckets.
+  [[nodiscard]] virtual std::int64_t uses(const void* tape, std::uint64_t generation) const noexcept = 0;
+
+  // Data parallel's buckets: the entry's place in its registry and in the store (its
+  // parameters are store entries [first_entry, end_entry)), and the registry's hook that
+  // each of its tape entries calls once its backward has written the gradients.
+  std::size_t reg_index = 0, first_entry = 0, end_entry = 0;
+  const std::function<void(std::size_t)>* grads_done_hook = nullptr;
+  void grads_done() const {
+    if (grads_done_hook != nullptr && *grads_done_hook) (*grads_done_hook)(reg_index);
+  }
 };
 
 /// A checkpointed segment while its forward runs: the layers it calls, and the step of
@@ -115,6 +127,18 @@ class registry {
   int tickets = 0;  // modules that may be constructed now: nn::model's root, an nn::child's module
   std::vector<std::pair<std::string, buffer_view>> buffers;
   std::string prefix;  // of the module being constructed
+  /// Set by nn::model during a backward whose gradients data parallel reduces in buckets:
+  /// called with an entry's index each time one of its tape entries has run backward.
+  std::function<void(std::size_t)> grads_done;
+
+  /// Registers l (after it declared its parameters, which began at store entry `first`).
+  void add(entry e, std::size_t first) {
+    e.layer->reg_index = layers.size();
+    e.layer->first_entry = first;
+    e.layer->end_entry = store.entries().size();
+    e.layer->grads_done_hook = &grads_done;
+    layers.push_back(std::move(e));
+  }
 };
 
 /// A callable of any buffer (to ask whether a layer has for_each_buffer: nvcc refuses a
@@ -264,6 +288,7 @@ class layer final : public detail::layer_ref {
                            "' was made after its model was built (inside forward?); a layer is a member of its module, "
                            "constructed with it");
     full_name_ = detail::claim_name(*reg, parent->prefix(), name_, "layer");
+    const std::size_t first = reg->store.entries().size();
     l_.declare(reg->store, full_name_ + ".");
     typename detail::registry<device, policy>::entry e;
     e.layer = this;
@@ -279,7 +304,7 @@ class layer final : public detail::layer_ref {
         });
       }
     };
-    reg->layers.push_back(std::move(e));
+    reg->add(std::move(e), first);
   }
   layer(const layer&) = delete;
   layer& operator=(const layer&) = delete;
@@ -438,6 +463,9 @@ class layer final : public detail::layer_ref {
     called_tape_ = tape;
     called_ = generation;
   }
+  [[nodiscard]] std::int64_t uses(const void* tape, std::uint64_t generation) const noexcept override {
+    return called_tape_ == tape && called_ == generation && l_.parameter_count() > 0 ? 1 : 0;
+  }
 
  private:
   template <std::size_t RI, std::size_t RO>
@@ -448,9 +476,13 @@ class layer final : public detail::layer_ref {
     extents<RO> out_shape{};
     void backward(ag::tape<C, device>& t) override {
       const auto g = t.template grad_in<RO>(out, out_shape);
-      if (g.data_handle() == nullptr) return;
+      if (g.data_handle() == nullptr) {
+        self->grads_done();
+        return;
+      }
       const bool need = t.wants_grad(x);
       const auto gx = self->l_.backward(g, need);
+      self->grads_done();  // its parameters' gradients are written
       if (!need) return;
       auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
       const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
@@ -760,9 +792,36 @@ class model {
     (void)need_input_grad;
     if (out_.owner() == nullptr)
       throw autograd_error("locus: model backward() before any forward(); run forward(x) first");
-    tape_->backward(out_, gy);
+    if (!grads_final_) {
+      tape_->backward(out_, gy);
+      return {};
+    }
+    // Buckets: every layer's parameters are final once each tape entry of this step that
+    // writes them has run backward (an unused one's at once). The store holds them in
+    // registration order, so each time the run of final layers at its end grows, the
+    // gradients from its first parameter on are final: grads_final_(that offset).
+    const auto& layers = reg_->layers;
+    pending_.assign(layers.size(), 0);
+    for (std::size_t i = 0; i < layers.size(); ++i) pending_[i] = layers[i].layer->uses(tape_.get(), tape_->generation());
+    final_from_ = layers.size();
+    reported_ = reg_->store.size();
+    reg_->grads_done = [this](std::size_t i) {
+      if (pending_[i] > 0 && --pending_[i] == 0) report_final();
+    };
+    try {
+      report_final();
+      tape_->backward(out_, gy);
+    } catch (...) {
+      reg_->grads_done = {};
+      throw;
+    }
+    reg_->grads_done = {};
     return {};
   }
+  /// During backward, f(offset) whenever the gradients from `offset` to the end of the
+  /// flat buffer are final (dist::data_parallel's buckets start there, through the
+  /// trainer); as nn::sequential's. An empty function: nothing.
+  void set_gradients_final(std::function<void(index_t first_final)> f) { grads_final_ = std::move(f); }
   /// The inference forward: the module's forward with the tape in inference mode (batch
   /// norm's running statistics, no dropout), nothing recorded for backward.
   tensor<C, device, output_rank> infer(const input_view& x) const {
@@ -863,6 +922,27 @@ class model {
   std::unique_ptr<ag::tape<C, device>> infer_tape_ = std::make_unique<ag::tape<C, device>>();
   out_var out_;
   std::uint64_t seed_ = 0;
+  // data parallel's buckets (backward with grads_final_ set)
+  std::function<void(index_t)> grads_final_;
+  std::vector<std::int64_t> pending_;  // per registry entry: its tape entries still to run backward
+  std::size_t final_from_ = 0;         // registry entries [final_from_, end) are final
+  index_t reported_ = 0;               // the last offset passed to grads_final_
+
+  void report_final() {
+    const auto& layers = reg_->layers;
+    while (final_from_ > 0 && pending_[final_from_ - 1] == 0) --final_from_;
+    const auto& entries = reg_->store.entries();
+    for (std::size_t i = final_from_; i < layers.size(); ++i) {
+      const auto* l = layers[i].layer;
+      if (l->first_entry == l->end_entry) continue;  // no parameters
+      const index_t first = entries[l->first_entry].offset;
+      if (first < reported_) {
+        reported_ = first;
+        grads_final_(first);
+      }
+      return;
+    }
+  }
 };
 
 }  // namespace locus::nn

@@ -102,6 +102,7 @@ class param final : public detail::layer_ref {
     if (init.how == param_init::kind::normal && !(init.b >= 0.0))
       throw value_error("locus: nn::param '" + parent->prefix() + name + "' normal(mean, stddev) needs stddev >= 0");
     name_ = detail::claim_name(*reg, parent->prefix(), name, "parameter");
+    const std::size_t first = reg->store.entries().size();
     if constexpr (R == 1) index_ = reg->store.add(name_, {shape[0]});
     else if constexpr (R == 2) index_ = reg->store.add(name_, {shape[0], shape[1]});
     else if constexpr (R == 3) index_ = reg->store.add(name_, {shape[0], shape[1], shape[2]});
@@ -111,7 +112,7 @@ class param final : public detail::layer_ref {
     e.bind = [this](parameter_store<D, policy>& s) { store_ = &s; };
     e.reset = [this](std::uint64_t seed) { reset(seed); };
     e.buffers = [](auto&) {};
-    reg->layers.push_back(std::move(e));
+    reg->add(std::move(e), first);
   }
 
  public:
@@ -128,6 +129,17 @@ class param final : public detail::layer_ref {
       auto& t = ag::detail::owner(x, "nn::param::on");
       const auto w = store_->template compute<R>(index_);
       if (!t.training()) return t.constant(w);
+      // counted against the model's step (a checkpointed segment's tape belongs to it)
+      const auto* seg = detail::current_segment();
+      const void* step_tape = seg != nullptr ? seg->outer_tape : static_cast<const void*>(&t);
+      const std::uint64_t step = seg != nullptr ? seg->outer_generation : t.generation();
+      if (use_tape_ == step_tape && use_step_ == step) {
+        ++uses_;
+      } else {
+        use_tape_ = step_tape;
+        use_step_ = step;
+        uses_ = 1;
+      }
       auto v = t.leaf(w);
       auto& n = t.template record<sink>();
       n.self = this;
@@ -155,6 +167,9 @@ class param final : public detail::layer_ref {
   void checkpoint_save(int) override {}
   void checkpoint_restore(int) override {}
   void mark_called(const void*, std::uint64_t) noexcept override {}
+  [[nodiscard]] std::int64_t uses(const void* tape, std::uint64_t generation) const noexcept override {
+    return use_tape_ == tape && use_step_ == generation ? uses_ : 0;
+  }
 
  private:
   /// Moves the gradient that reached the leaf into the store (runs after every
@@ -164,14 +179,16 @@ class param final : public detail::layer_ref {
     std::uint32_t id = 0;
     void backward(ag::tape<C, D>& t) override {
       const auto g = t.template grad_in<R>(id, self->shape_);
-      if (g.data_handle() == nullptr) return;
-      auto [dst, fresh] = self->store_->template grad_out<R>(self->index_);
-      if constexpr (std::is_same_v<C, M>) {
-        ag::detail::put(dst, fresh, g);
-      } else {
-        if (fresh) ::locus::detail::assign_expr(dst, ::locus::cast<M>(g));
-        else dst += ::locus::cast<M>(g);
+      if (g.data_handle() != nullptr) {
+        auto [dst, fresh] = self->store_->template grad_out<R>(self->index_);
+        if constexpr (std::is_same_v<C, M>) {
+          ag::detail::put(dst, fresh, g);
+        } else {
+          if (fresh) ::locus::detail::assign_expr(dst, ::locus::cast<M>(g));
+          else dst += ::locus::cast<M>(g);
+        }
       }
+      self->grads_done();
     }
   };
 
@@ -200,6 +217,10 @@ class param final : public detail::layer_ref {
   std::string name_;
   std::size_t index_ = 0;
   parameter_store<D, policy>* store_ = nullptr;
+  // on() calls of the latest training step (data parallel's buckets: layer_ref::uses)
+  const void* use_tape_ = nullptr;
+  std::uint64_t use_step_ = 0;
+  std::int64_t uses_ = 0;
 };
 
 }  // namespace locus::nn
