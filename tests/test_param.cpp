@@ -134,7 +134,7 @@ struct scale_net : nn::module<D, P> {
 };
 }  // namespace
 
-TEST_CASE("nn::param: a bad initialisation or a repeated name is refused; a module with one trains in fp32 and bf16") {
+TEST_CASE("nn::param: a bad initialisation or a repeated name is refused, and a module with one trains in fp32 and bf16") {
   using P = locus::amp::fp32;
   using bad_model = nn::model<bad_uniform<cpu, P>>;
   using twice_model = nn::model<twice<cpu, P>>;
