@@ -337,6 +337,7 @@ class tape {
       throw autograd_error("locus: grad() of a value that requires no gradient (a constant, or computed from "
                            "constants only); make it with tape.leaf(x) to get its gradient");
     slot& s = slots_[detail::access::id(v)];
+    if (s.grad_alias != nullptr) return {::locus::detail::raw_view_key{}, s.grad_alias, v.shape(), s.alias_device};
     if (!s.grad_written) {
       ensure(s.grad, s.numel);
       ::locus::detail::launch_n<D>(s.grad.numel(),
@@ -372,6 +373,7 @@ class tape {
     for (auto& s : slots_) {
       s.value = tensor<T, D, 1>();
       s.grad = tensor<T, D, 1>();
+      s.grad_alias = nullptr;
     }
   }
 
@@ -461,6 +463,7 @@ class tape {
   tensor_view<const T, D, R> grad_in(std::uint32_t id, const extents<R>& shape) const noexcept {
     const slot& s = slots_[id];
     if (!s.grad_written) return {};
+    if (s.grad_alias != nullptr) return {::locus::detail::raw_view_key{}, s.grad_alias, shape, s.alias_device};
     return {::locus::detail::raw_view_key{}, s.grad.data_handle(), shape, s.grad.device_index()};
   }
   /// Whether value `id` wants a gradient.
@@ -472,9 +475,30 @@ class tape {
   std::pair<tensor_view<T, D, R>, bool> grad_out(std::uint32_t id, const extents<R>& shape) {
     slot& s = slots_[id];
     ensure(s.grad, s.numel);
-    const bool fresh = !s.grad_written;
+    bool fresh = !s.grad_written;
+    if (s.grad_alias != nullptr) {  // adopted: into the slot's own buffer before anything adds to it
+      const tensor_view<const T, D, 1> from{::locus::detail::raw_view_key{}, s.grad_alias, extents<1>{s.numel},
+                                            s.alias_device};
+      ::locus::copy(from, s.grad.view().slice(0, s.numel));
+      s.grad_alias = nullptr;
+      fresh = false;
+    }
     s.grad_written = true;
     return {{::locus::detail::raw_view_key{}, s.grad.data_handle(), shape, s.grad.device_index()}, fresh};
+  }
+  /// A node's whole gradient for value `id` as a buffer the node keeps until the next
+  /// step (a layer's input gradient): when it is the first contribution, the slot refers
+  /// to it instead of copying it (true); otherwise nothing happens (false: add it through
+  /// grad_out). A later contribution copies it into the slot's own buffer first, so
+  /// `g` is never written by the tape.
+  template <std::size_t R>
+  bool grad_adopt(std::uint32_t id, const tensor_view<const T, D, R>& g) noexcept {
+    slot& s = slots_[id];
+    if (s.grad_written || !g.is_contiguous() || g.numel() != s.numel || g.data_handle() == nullptr) return false;
+    s.grad_alias = g.data_handle();
+    s.alias_device = g.device_index();
+    s.grad_written = true;
+    return true;
   }
   /// Runs `f` after the nodes of the next backward (modules move parameter gradients
   /// into their store there). Cleared by reset().
@@ -483,6 +507,8 @@ class tape {
  private:
   struct slot {
     tensor<T, D, 1> value, grad;
+    const T* grad_alias = nullptr;  // grad_adopt: the gradient lives in a node's buffer
+    int alias_device = 0;
     index_t numel = 0;
     bool requires_grad = false;
     bool grad_written = false;
@@ -532,6 +558,7 @@ class tape {
     s.numel = numel;
     s.requires_grad = requires_grad;
     s.grad_written = false;
+    s.grad_alias = nullptr;
     return s;
   }
 

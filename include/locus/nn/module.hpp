@@ -484,9 +484,12 @@ class layer final : public detail::layer_ref {
       const auto gx = self->l_.backward(g, need);
       self->grads_done();  // its parameters' gradients are written
       if (!need) return;
-      auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
       const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
                                                  gx.device_index()};
+      // the layer keeps gx until its next backward: x's gradient refers to it, no copy
+      // (unless another use of x wrote first: then it is added)
+      if (t.grad_adopt(x, src)) return;
+      auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
       ag::detail::put(dst, fresh, src);
     }
   };
