@@ -1,7 +1,7 @@
 # Builds tests/package/dso (a hidden-visibility shared library using locus, and programs
 # using locus that call it) and runs its programs: the shared pair, the private pair and
 # the shared pair under AddressSanitizer with detect_odr_violation=2. Each program checks
-# what is shared and what is per DSO (README "Using it from CMake").
+# what is shared and what is per DSO (docs/building.md, "Shared libraries").
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 function(run)

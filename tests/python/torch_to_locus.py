@@ -37,7 +37,7 @@ import sys
 import time
 
 # On a shared machine spinning OpenMP workers fight other processes for the cores
-# (README, "Threads"); set before torch loads its OpenMP runtime.
+# (docs/tour.md, "Threads"); set before torch loads its OpenMP runtime.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import numpy as np

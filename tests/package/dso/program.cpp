@@ -1,7 +1,7 @@
 // A program that uses locus itself and calls libmodel, a shared library built with
 // -fvisibility=hidden that uses locus inside (model.h: no locus type crosses the API).
-// It checks which of locus's process-wide state the two share (README "Using it from
-// CMake", "Shared libraries"):
+// It checks which of locus's process-wide state the two share (docs/building.md,
+// "Shared libraries"):
 //   - shared (LOCUS_TEST_EXPECT_SHARED=1, locus's default): the allocators, with their
 //     statistics and memory limits, and the fault injector, are one per process;
 //   - private (=0, the library built with LOCUS_SHARED_STATE defined empty): the
