@@ -54,6 +54,9 @@ auto& owner(const V& v, const char* what) {
   if (t == nullptr)
     throw autograd_error(std::string("locus: ") + what + " got an empty value (default-constructed); make values "
                          "with a tape: tape.constant(x), tape.leaf(x), or an operation");
+  if (!access::tape_current(v))  // checked before *t is touched: the tape may be gone
+    throw autograd_error(std::string("locus: ") + what + " got a value of an earlier step: its tape was reset "
+                         "(its memory is reused) or destroyed since; compute it again in this step's forward");
   t->check_owned(v, what);
   return *t;
 }

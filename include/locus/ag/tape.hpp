@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
@@ -77,6 +78,61 @@ inline std::uint64_t next_generation() noexcept {
   static std::atomic<std::uint64_t> counter{0};
   return counter.fetch_add(1, std::memory_order_relaxed) + 1;
 }
+
+/// Where every live tape publishes its current step number, so that an operation checks
+/// a value's tape alive before it touches it (a value that outlived its tape holds a
+/// dangling pointer; reading the step through it would be a use after free). A tape
+/// claims an entry when it is made and clears it when destroyed; an operation reads one
+/// atomic. Chunks are never freed or moved, so a reader needs no lock; the directory
+/// itself is never destroyed (tapes of static lifetime may outlive other statics).
+class tape_directory {
+ public:
+  static constexpr std::uint32_t chunk_size = 1024;
+  static constexpr std::uint32_t max_chunks = 4096;  // 4M tapes alive at once
+
+  static tape_directory& get() {
+    static auto* d = new tape_directory();  // never destroyed (see above)
+    return *d;
+  }
+  std::uint32_t claim() {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!free_.empty()) {
+      const auto i = free_.back();
+      free_.pop_back();
+      return i;
+    }
+    const std::uint32_t i = next_++;
+    const std::uint32_t c = i / chunk_size;
+    if (c >= max_chunks) {
+      --next_;
+      throw autograd_error("locus: more than " + std::to_string(std::uint64_t{chunk_size} * max_chunks) +
+                           " tapes alive at once");
+    }
+    if (chunks_[c].load(std::memory_order_acquire) == nullptr)
+      chunks_[c].store(new std::atomic<std::uint64_t>[chunk_size](), std::memory_order_release);
+    return i;
+  }
+  void release(std::uint32_t i) noexcept {
+    at(i).store(0, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(m_);
+    free_.push_back(i);  // (reserved at claim time: no allocation here)
+  }
+  std::atomic<std::uint64_t>& at(std::uint32_t i) const noexcept {
+    return chunks_[i / chunk_size].load(std::memory_order_acquire)[i % chunk_size];
+  }
+  /// Reserves room so that release() never allocates (called by claim's caller).
+  void reserve_free() {
+    std::lock_guard<std::mutex> lock(m_);
+    free_.reserve(next_);
+  }
+
+ private:
+  tape_directory() = default;
+  std::mutex m_;
+  std::vector<std::uint32_t> free_;
+  std::uint32_t next_ = 0;
+  std::array<std::atomic<std::atomic<std::uint64_t>*>, max_chunks> chunks_{};
+};
 
 // Prevents: backward() from a value that is not a scalar loss (PyTorch: "grad can be
 // implicitly created only for scalar outputs", at run time).
@@ -135,6 +191,7 @@ class var {
   friend struct detail::access;
   tape<T, D>* tape_ = nullptr;
   std::uint32_t id_ = 0;
+  std::uint32_t directory_ = 0;  // its tape's entry in detail::tape_directory
   std::uint64_t generation_ = 0;
   bool requires_grad_ = false;
   tensor_view<const T, D, R> value_;
@@ -168,12 +225,18 @@ struct access {
   static std::uint64_t generation(const V& v) noexcept {
     return v.generation_;
   }
+  /// Whether v's tape is alive and still at v's step, read without touching the tape.
+  template <class V>
+  static bool tape_current(const V& v) noexcept {
+    return tape_directory::get().at(v.directory_).load(std::memory_order_acquire) == v.generation_;
+  }
   template <class T, class D, std::size_t R>
   static var<T, D, R> make(tape<T, D>* t, std::uint32_t id, std::uint64_t gen, bool rg,
                            tensor_view<const T, D, R> value) noexcept {
     var<T, D, R> v;
     v.tape_ = t;
     v.id_ = id;
+    v.directory_ = t->directory_;
     v.generation_ = gen;
     v.requires_grad_ = rg;
     v.value_ = value;
@@ -197,7 +260,14 @@ class tape {
   using value_type = T;
   using device = D;
 
-  tape() = default;
+  friend struct detail::access;
+
+ public:
+  tape() : directory_(detail::tape_directory::get().claim()) {
+    detail::tape_directory::get().reserve_free();
+    publish();
+  }
+  ~tape() { detail::tape_directory::get().release(directory_); }
   tape(const tape&) = delete;
   tape& operator=(const tape&) = delete;
 
@@ -360,6 +430,7 @@ class tape {
   /// kept for the next step (no allocation at unchanged shapes).
   void reset() noexcept {
     generation_ = detail::next_generation();
+    publish();
     used_ = 0;
     nodes_used_ = 0;
     done_ = false;
@@ -574,6 +645,11 @@ class tape {
   std::vector<std::unique_ptr<node<T, D>>> nodes_;
   std::size_t nodes_used_ = 0;
   std::vector<std::function<void()>> after_backward_;
+  void publish() noexcept {
+    detail::tape_directory::get().at(directory_).store(generation_, std::memory_order_release);
+  }
+
+  std::uint32_t directory_;  // this tape's entry in detail::tape_directory (before generation_)
   std::uint64_t generation_ = detail::next_generation();
   bool done_ = false;
   bool training_ = true;
