@@ -1,8 +1,9 @@
 // The host's fast paths against their plain forms and double-precision references:
 // AdamW's vectorised update (backend/host_simd.hpp) at every length around the vector
 // width and the OpenMP threshold, with scaled gradients, compute copies, NaN, infinity
-// and hostile (negative) second moments; and AdamW through the public optimizer on a
-// model large enough to take the parallel path.
+// and hostile (negative) second moments; AdamW through the public optimizer on a model
+// large enough to take the parallel path; the relu's host blocks and batch norm's host
+// lanes against their element-wise forms, bit for bit.
 #include <doctest/doctest.h>
 
 #include <locus/train.hpp>
@@ -309,4 +310,182 @@ TEST_CASE("linear's host epilogue on a single long row equals a double-precision
     wrong += std::abs(y(0, j) - s) > 1e-5 * (1 + std::abs(s));
   }
   CHECK(wrong == 0);
+}
+
+// ---- activations' host blocks and batch norm's host lanes ------------------------------
+// launch_n runs a kernel with block(lo, hi) as blocks of consecutive calls (the relu's
+// kind decided once per block, explicit lanes of eight in its backward), and batch
+// norm's plane sums take lanes of eight on the host (nn/conv_kernels.hpp): each must give
+// every element the bits of the per-element form, at lengths around the lane count, the
+// block size and the parallel threshold, with NaN, infinities and signed zeros.
+
+namespace {
+
+template <class T>
+std::vector<T> hostile_values(index_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> nd(0.0, 2.0);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  const T special[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                       -std::numeric_limits<T>::infinity(), T(-0.0), T(0.0), std::numeric_limits<T>::denorm_min()};
+  for (index_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<T>(nd(rng));
+  for (index_t i = 0; i < n; i += 37) v[static_cast<std::size_t>(i)] = special[(i / 37) % 6];
+  return v;
+}
+
+template <class T>
+bool same_bits(T a, T b) {
+  if constexpr (sizeof(T) == 4) return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+  else return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+
+template <class T>
+void check_relu_blocks(index_t n) {
+  using locus::detail::act_kind;
+  const auto x = hostile_values<T>(n, static_cast<std::uint32_t>(n));
+  const auto gy = hostile_values<T>(n, static_cast<std::uint32_t>(n) + 1);
+  std::vector<T> y(x.size()), y_ref(x.size()), gx(x.size()), gx_ref(x.size());
+  const locus::detail::act_forward_kernel<T> f{x.data(), y.data(), act_kind::relu};
+  locus::detail::launch_n<locus::cpu>(n, f);
+  const locus::detail::act_forward_kernel<T> fr{x.data(), y_ref.data(), act_kind::relu};
+  for (index_t i = 0; i < n; ++i) fr(i);
+  const locus::detail::act_backward_kernel<T> b{gy.data(), nullptr, y.data(), gx.data(), act_kind::relu};
+  locus::detail::launch_n<locus::cpu>(n, b);
+  const locus::detail::act_backward_kernel<T> br{gy.data(), nullptr, y.data(), gx_ref.data(), act_kind::relu};
+  for (index_t i = 0; i < n; ++i) br(i);
+  index_t bad_y = 0, bad_g = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    bad_y += same_bits(y[i], y_ref[i]) ? 0 : 1;
+    bad_g += same_bits(gx[i], gx_ref[i]) ? 0 : 1;
+  }
+  CHECK(bad_y == 0);
+  CHECK(bad_g == 0);
+}
+
+/// Batch norm's training statistics and output, the documented algorithm in the
+/// element-wise form (sum_pairs): the reference for the host lanes.
+template <class T>
+void bn_train_reference(const std::vector<T>& x, std::vector<T>& y, std::vector<T>& mean, std::vector<T>& invstd,
+                        index_t n, index_t c, index_t hw, double eps, bool relu) {
+  using locus::detail::sum_pairs;
+  for (index_t ch = 0; ch < c; ++ch) {
+    T k0, unused;
+    sum_pairs<T>(hw, [&](index_t j, T& u, T& v) { u = x[static_cast<std::size_t>(ch * hw + j)]; v = T(0); }, k0, unused);
+    const T k = k0 / static_cast<T>(hw);
+    double s1 = 0, s2 = 0;
+    for (index_t b = 0; b < n; ++b) {
+      const T* p = x.data() + (b * c + ch) * hw;
+      T r1, r2;
+      sum_pairs<T>(hw, [&](index_t j, T& u, T& v) {
+        const T d = p[j] - k;
+        u = d;
+        v = d * d;
+      }, r1, r2);
+      s1 += static_cast<double>(r1);
+      s2 += static_cast<double>(r2);
+    }
+    const double count = static_cast<double>(n * hw), md = s1 / count, m = static_cast<double>(k) + md;
+    double var = s2 / count - md * md;
+    var = var < 0.0 ? 0.0 : var;
+    const double is = 1.0 / std::sqrt(var + eps);
+    const T scale = static_cast<T>(is), shift = static_cast<T>(0.0 - m * is);
+    for (index_t b = 0; b < n; ++b)
+      for (index_t j = 0; j < hw; ++j) {
+        const std::size_t i = static_cast<std::size_t>((b * c + ch) * hw + j);
+        const T v = x[i] * scale + shift;
+        y[i] = relu ? (v < T(0) ? T(0) : v) : v;
+      }
+    mean[static_cast<std::size_t>(ch)] = static_cast<T>(m);
+    invstd[static_cast<std::size_t>(ch)] = static_cast<T>(is);
+  }
+}
+
+template <class T>
+void check_bn_lanes(index_t n, index_t c, index_t hw, bool relu) {
+  const index_t total = n * c * hw;
+  std::mt19937 rng(static_cast<std::uint32_t>(total + relu));
+  std::normal_distribution<double> nd(3.0, 2.0);  // a mean away from zero: the shift matters
+  std::vector<T> x(static_cast<std::size_t>(total)), gy(x.size());
+  for (auto& v : x) v = static_cast<T>(nd(rng));
+  for (auto& v : gy) v = static_cast<T>(nd(rng) - 3.0);
+  std::vector<T> y(x.size()), y_ref(x.size()), mean(static_cast<std::size_t>(c)), invstd(mean.size()),
+      mean_ref(mean.size()), invstd_ref(mean.size());
+  const locus::detail::batch_norm_train_kernel<T, T> k{x.data(), y.data(), nullptr, nullptr, mean.data(),
+                                                       invstd.data(), nullptr, nullptr, n, c, hw, 1e-5, 0.1, relu};
+  for (index_t ch = 0; ch < c; ++ch) k(ch);
+  bn_train_reference(x, y_ref, mean_ref, invstd_ref, n, c, hw, 1e-5, relu);
+  index_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) bad += same_bits(y[i], y_ref[i]) ? 0 : 1;
+  for (std::size_t i = 0; i < mean.size(); ++i)
+    bad += same_bits(mean[i], mean_ref[i]) && same_bits(invstd[i], invstd_ref[i]) ? 0 : 1;
+  CHECK(bad == 0);
+
+  // backward: the relu's zeros mask the gradient, a NaN there included
+  if (relu)
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!(y[i] > T(0)) && i % 3 == 0) gy[i] = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> gx(x.size()), gx_ref(x.size());
+  std::vector<T> dg(static_cast<std::size_t>(c)), db(dg.size()), dg_ref(dg.size()), db_ref(dg.size());
+  std::vector<T> gamma(dg.size(), T(1.5));
+  const locus::detail::batch_norm_backward_kernel<T, T> kb{x.data(), gy.data(), gx.data(), gamma.data(),
+                                                           mean.data(), invstd.data(), dg.data(), db.data(), true,
+                                                           true, n, c, hw, relu ? y.data() : nullptr};
+  for (index_t ch = 0; ch < c; ++ch) kb(ch);
+  using locus::detail::sum_pairs;
+  for (index_t ch = 0; ch < c; ++ch) {
+    const T mu = mean[static_cast<std::size_t>(ch)], is = invstd[static_cast<std::size_t>(ch)];
+    double sdy = 0, sdyx = 0;
+    for (index_t b = 0; b < n; ++b) {
+      const std::size_t o = static_cast<std::size_t>((b * c + ch) * hw);
+      T r1, r2;
+      sum_pairs<T>(hw, [&](index_t j, T& u, T& v) {
+        const std::size_t i = o + static_cast<std::size_t>(j);
+        const T dy = !relu || y[i] > T(0) ? gy[i] : T(0);
+        u = dy;
+        v = dy * (x[i] - mu);
+      }, r1, r2);
+      sdy += static_cast<double>(r1);
+      sdyx += static_cast<double>(r2) * static_cast<double>(is);
+    }
+    dg_ref[static_cast<std::size_t>(ch)] = static_cast<T>(sdyx);
+    db_ref[static_cast<std::size_t>(ch)] = static_cast<T>(sdy);
+    const double count = static_cast<double>(n * hw), gm = 1.5, dis = static_cast<double>(is);
+    const T a = static_cast<T>(gm * dis), bb = static_cast<T>(-gm * dis * dis * (sdyx / count)),
+            c0 = static_cast<T>(-gm * dis * (sdy / count));
+    for (index_t b = 0; b < n; ++b)
+      for (index_t j = 0; j < hw; ++j) {
+        const std::size_t i = static_cast<std::size_t>((b * c + ch) * hw + j);
+        const T dy = !relu || y[i] > T(0) ? gy[i] : T(0);
+        gx_ref[i] = a * dy + bb * (x[i] - mu) + c0;
+      }
+  }
+  index_t bad_b = 0, nonfinite = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    bad_b += same_bits(gx[i], gx_ref[i]) ? 0 : 1;
+    nonfinite += std::isfinite(static_cast<double>(gx[i])) ? 0 : 1;
+  }
+  for (std::size_t i = 0; i < dg.size(); ++i) bad_b += same_bits(dg[i], dg_ref[i]) && same_bits(db[i], db_ref[i]) ? 0 : 1;
+  CHECK(bad_b == 0);
+  CHECK(nonfinite == 0);  // the masked NaNs reach nothing
+}
+
+}  // namespace
+
+TEST_CASE("relu's host blocks give every element the per-element kernel's bits (lengths around 8, blocks, threshold)") {
+  for (const index_t n : {index_t{1}, index_t{7}, index_t{8}, index_t{9}, index_t{8191}, index_t{8193},
+                          index_t{32767}, index_t{32768}, index_t{3 * 8192 + 5 + 32768}}) {
+    CAPTURE(n);
+    check_relu_blocks<float>(n);
+    check_relu_blocks<double>(n);
+  }
+}
+
+TEST_CASE("batch norm's host lanes give the element-wise sums' bits, with and without the fused relu") {
+  for (const index_t hw : {index_t{1}, index_t{7}, index_t{8}, index_t{9}, index_t{17}, index_t{196}, index_t{785}})
+    for (const bool relu : {false, true}) {
+      CAPTURE(hw);
+      CAPTURE(relu);
+      check_bn_lanes<float>(5, 3, hw, relu);
+      check_bn_lanes<double>(4, 2, hw, relu);
+    }
 }

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 // No intrinsics headers on x86 (<immintrin.h> alone costs a third of a second per user
 // file): the square roots are the compilers' builtins. nvcc's front end is not asked to
@@ -120,6 +121,43 @@ inline vecf clamp_abs(vecf x, float c) noexcept {
 
 }  // namespace LOCUS_SIMD_NAMESPACE
 }  // namespace locus::detail::simd
+
+
+// Eight lanes whatever the target's width (lanes8f, lanes8d): GCC's vector extensions
+// lower them to two SSE or one AVX operation. For loops whose lanes must not depend on
+// the -m flags (sums that give the same bits in every build: lane u takes the elements
+// j = u mod 8). Only locals and references (passing a 32-byte vector by value changes
+// the ABI without AVX); nvcc's front end is not given vector types.
+#if !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__))
+#define LOCUS_HOST_LANES8 1
+namespace locus::detail {
+typedef float lanes8f __attribute__((vector_size(32)));
+typedef double lanes8d __attribute__((vector_size(64)));
+template <class V>
+struct lanes8_of {};
+template <>
+struct lanes8_of<float> {
+  using type = lanes8f;
+};
+template <>
+struct lanes8_of<double> {
+  using type = lanes8d;
+};
+template <class V>
+inline constexpr bool has_lanes8 = std::is_same_v<V, float> || std::is_same_v<V, double>;
+
+/// v = p[0..8) (any alignment).
+template <class L, class V>
+inline void load8(L& v, const V* p) noexcept {
+  std::memcpy(&v, p, sizeof v);
+}
+/// p[0..8) = v (any alignment).
+template <class L, class V>
+inline void store8(V* p, const L& v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+}  // namespace locus::detail
+#endif
 
 // The run-time AVX-512F body: x86-64 with GCC or clang, when the file itself was compiled
 // for less (with -mavx512f the static width is already 16).

@@ -182,10 +182,36 @@ LOCUS_HOST_DEVICE inline T fresh(const T* p) noexcept {
 /// Calls f(i) for every i in [0, n) on device D. `work` is the number of elements each
 /// call touches (a row of a softmax, the length of a reduced axis): host devices run in
 /// parallel when n * work reaches host_parallel_threshold and there are two calls or more.
+/// Calls f.block(lo, hi) for consecutive ranges covering [0, n) (host_blocked below).
+template <class F>
+struct host_block_caller {
+  F f;
+  index_t n, size;
+  LOCUS_HOST_DEVICE void operator()(index_t b) const {
+    const index_t lo = b * size;
+    f.block(lo, n - lo < size ? n : lo + size);
+  }
+};
+
+/// A kernel that also has block(lo, hi) (the calls f(lo) ... f(hi - 1), as one loop that
+/// hoists what every call would decide: an activation's kind) runs on the host as
+/// blocks of host_block_size consecutive calls, so the compiler sees a plain loop and
+/// vectorises it.
+inline constexpr index_t host_block_size = 1 << 13;
+
 template <class D, class F>
 void launch_n(index_t n, F f, index_t work = 1) {
   if (n <= 0) return;
-  if constexpr (std::is_same_v<typename D::execution, host_execution>) {
+  if constexpr (std::is_same_v<typename D::execution, host_execution> &&
+                requires(const F& g) { g.block(index_t{}, index_t{}); }) {
+    const index_t blocks = (n + host_block_size - 1) / host_block_size;
+    if (n < host_parallel_threshold || blocks < 2 || work != 1) {
+      f.block(0, n);
+    } else {
+      thrust::for_each_n(host_policy(), thrust::counting_iterator<index_t>(0), blocks,
+                         host_block_caller<F>{f, n, host_block_size});
+    }
+  } else if constexpr (std::is_same_v<typename D::execution, host_execution>) {
     const index_t total = work > 1 && n > host_parallel_threshold / work ? host_parallel_threshold : n * work;
     if (total < host_parallel_threshold || n < 2) {
       for (index_t i = 0; i < n; ++i) f(i);

@@ -11,8 +11,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
+#include "../backend/host_simd.hpp"
 #include "../backend/launch.hpp"
 #include "../core/config.hpp"
 #include "../ops/math.hpp"
@@ -92,6 +95,55 @@ LOCUS_HOST_DEVICE inline void sum_pairs(index_t n, F&& f, V& sa, V& sb) {
   }
   sa = ta;
   sb = tb;
+}
+
+// The host form of sum_pairs for f32 and f64 planes: the eight partial sums as the lanes
+// of one lanes8 vector (backend/host_simd.hpp; lane u sums the elements j = u mod 8,
+// exactly as sum_pairs's a[u]), so the compiler emits vector adds where the scalar form
+// stays scalar. Same operations in the same order: the same bits as sum_pairs.
+#if defined(LOCUS_HOST_LANES8)
+/// sum_pairs with f8(j, x, y) filling lanes j..j+7 and f(j, x, y) one element (the tail).
+template <class V, class F8, class F>
+inline void sum_pairs8(index_t n, F8&& f8, F&& f, V& sa, V& sb) {
+  using L = typename lanes8_of<V>::type;
+  L a{}, b{};
+  index_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    L x, y;
+    f8(j, x, y);
+    a += x;
+    b += y;
+  }
+  V ta = V(0), tb = V(0);
+  for (; j < n; ++j) {
+    V x, y;
+    f(j, x, y);
+    ta += x;
+    tb += y;
+  }
+  for (int u = 0; u < 8; ++u) {
+    ta += a[u];
+    tb += b[u];
+  }
+  sa = ta;
+  sb = tb;
+}
+#endif
+
+/// The sums of a plane's pairs (sum_pairs): over lanes of eight on the host for f32 and
+/// f64 planes (f8 fills them; the same bits), element by element otherwise (f).
+template <class T, class V, class F8, class F>
+LOCUS_HOST_DEVICE inline void plane_sums(index_t n, F8&& f8, F&& f, V& sa, V& sb) {
+#if defined(LOCUS_HOST_LANES8)
+  if constexpr (has_lanes8<T> && std::is_same_v<T, V>) {
+    sum_pairs8<V>(n, f8, f, sa, sb);
+  } else {
+    sum_pairs<V>(n, f, sa, sb);
+  }
+#else
+  (void)f8;
+  sum_pairs<V>(n, f, sa, sb);
+#endif
 }
 
 /// col[r, p] = x[c, ih, iw] (0 outside the input) for one sample's group: r = (c, ky, kx)
@@ -394,13 +446,18 @@ struct batch_norm_train_kernel {
     const double count = static_cast<double>(n * hw);
     // the shift: the mean of the channel's first plane (a typical value, not one outlier)
     V k0, unused;
-    sum_pairs<V>(hw, [&](index_t j, V& u, V& v) { u = load(x[ch * hw + j]); v = V(0); }, k0, unused);
+    plane_sums<T>(hw, [&](index_t j, auto& u, auto& v) { load8(u, x + ch * hw + j); v = std::remove_reference_t<decltype(v)>{}; },
+               [&](index_t j, V& u, V& v) { u = load(x[ch * hw + j]); v = V(0); }, k0, unused);
     const V k = hw > 0 ? k0 / static_cast<V>(hw) : V(0);
     double s1 = 0.0, s2 = 0.0;
     for (index_t b = 0; b < n; ++b) {
       const T* p = x + (b * c + ch) * hw;
       V r1, r2;
-      sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
+      plane_sums<T>(hw, [&](index_t j, auto& u, auto& v) {
+        load8(u, p + j);
+        u -= k;
+        v = u * u;
+      }, [&](index_t j, V& u, V& v) {
         const V d = load(p[j]) - k;
         u = d;
         v = d * d;
@@ -486,13 +543,27 @@ struct batch_norm_backward_kernel {
       const T* yo = y ? y + (b * c + ch) * hw : nullptr;
       V r1, r2;
       if (yo) {
-        sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
-          const V dy = load(yo[j]) > V(0) ? load(d[j]) : V(0);
+        plane_sums<T>(hw, [&](index_t j, auto& u, auto& v) {
+          std::remove_reference_t<decltype(u)> yl, dl, xl;
+          load8(yl, yo + j);
+          load8(dl, d + j);
+          load8(xl, p + j);
+          const std::remove_reference_t<decltype(u)> zero{};
+          u = yl > V(0) ? dl : zero;  // 0 where the relu's output is not positive (a NaN dy too, as below)
+          v = u * (xl - mu);
+        }, [&](index_t j, V& u, V& v) {
+          const V dv = load(d[j]);
+          const V dy = load(yo[j]) > V(0) ? dv : V(0);
           u = dy;
           v = dy * (load(p[j]) - mu);
         }, r1, r2);
       } else {
-        sum_pairs<V>(hw, [&](index_t j, V& u, V& v) {
+        plane_sums<T>(hw, [&](index_t j, auto& u, auto& v) {
+          std::remove_reference_t<decltype(u)> xl;
+          load8(u, d + j);
+          load8(xl, p + j);
+          v = u * (xl - mu);
+        }, [&](index_t j, V& u, V& v) {
           const V dy = load(d[j]);
           u = dy;
           v = dy * (load(p[j]) - mu);
@@ -518,7 +589,8 @@ struct batch_norm_backward_kernel {
       T* o = gx + (b * c + ch) * hw;
       if (yo) {
         for (index_t j = 0; j < hw; ++j) {
-          const V dy = load(yo[j]) > V(0) ? load(d[j]) : V(0);
+          const V dv = load(d[j]);  // loaded whatever yo[j] is: the loop vectorises
+          const V dy = load(yo[j]) > V(0) ? dv : V(0);
           o[j] = store<T>(a * dy + bb * (load(p[j]) - mu) + c0);
         }
       } else {

@@ -203,6 +203,14 @@ struct act_forward_kernel {
   LOCUS_HOST_DEVICE void operator()(index_t i) const {
     y[i] = store<T>(act_apply(kind, load(x[i])));
   }
+  /// The calls [lo, hi) with the kind decided once (launch_n's host blocks).
+  LOCUS_HOST_DEVICE void block(index_t lo, index_t hi) const {
+    if (kind == act_kind::relu) {
+      for (index_t i = lo; i < hi; ++i) y[i] = store<T>(op::relu{}(load(x[i])));
+    } else {
+      for (index_t i = lo; i < hi; ++i) (*this)(i);
+    }
+  }
 };
 
 /// gx[i] = gy[i] * act'(x[i] or y[i])
@@ -217,6 +225,32 @@ struct act_backward_kernel {
     using C = compute_t<T>;
     const C zi = z ? load(z[i]) : C(0), yi = y ? load(y[i]) : C(0);
     gx[i] = store<T>(load(gy[i]) * act_derivative(kind, zi, yi));
+  }
+  /// The calls [lo, hi) with the kind decided once (launch_n's host blocks).
+  LOCUS_HOST_DEVICE void block(index_t lo, index_t hi) const {
+    using C = compute_t<T>;
+    if (kind == act_kind::relu && y != nullptr) {
+      index_t i = lo;
+#if defined(LOCUS_HOST_LANES8)
+      if constexpr (has_lanes8<T>) {  // explicit lanes: the scalar loop below becomes a branch per element
+        using L = typename lanes8_of<T>::type;
+        const L one = L{} + T(1), zero{};
+        for (; i + 8 <= hi; i += 8) {
+          L yl, gl;
+          load8(yl, y + i);
+          load8(gl, gy + i);
+          const L r = gl * (yl > T(0) ? one : zero);
+          store8(gx + i, r);
+        }
+      }
+#endif
+      for (; i < hi; ++i) {
+        const C yi = load(y[i]);
+        gx[i] = store<T>(load(gy[i]) * (yi > C(0) ? C(1) : C(0)));
+      }
+    } else {
+      for (index_t i = lo; i < hi; ++i) (*this)(i);
+    }
   }
 };
 
