@@ -3,7 +3,7 @@
 // four interleaved and prints the ratios). Two modes, each printing JSON lines:
 //
 //   --mode train (default): samples/s of one training epoch of the main job's CNN
-//     (make_cnn in examples/fashion_mnist.cpp): conv2d(1,32,3,p1) batch_norm2d relu
+//     (make_cnn in examples/fashion_mnist_job.hpp): conv2d(1,32,3,p1) batch_norm2d relu
 //     max_pool2d(2) conv2d(32,64,3,p1) batch_norm2d relu max_pool2d(2) flatten
 //     linear(3136,128) relu dropout(0.3) linear(128,10); cross-entropy; AdamW(lr 1e-3,
 //     weight decay 1e-4); fp32. Fashion-MNIST's 60,000 training images preloaded as

@@ -71,7 +71,7 @@ void BM_plain_loop(benchmark::State& st) {
 
 void BM_loader_augment(benchmark::State& st) {
   const auto& ds = train();
-  // As examples/fashion_mnist.cpp builds it for --model cnn --augment crop+flip.
+  // As examples/fashion_mnist_job.hpp builds it for --model cnn --augment crop+flip.
   locus::data::loader<locus::cpu> l(
       ds, {.batch_size = 128,
            .shuffle = true,

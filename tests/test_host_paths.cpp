@@ -165,6 +165,58 @@ TEST_CASE("AdamW's vectorised host update: NaN, infinity and negative moments in
   }
 }
 
+TEST_CASE("AdamW's and SGD's moments never stay subnormal: a zero gradient's moment decays to 0 on every path") {
+  // Without the flush a moment with g = 0 decays by beta1 = 0.9 into the subnormal range
+  // and then stays at 2^-149 (0.9 * 2^-149 rounds back to it), costing an x86 microcode
+  // assist on every later step.
+  const float dmin = std::numeric_limits<float>::denorm_min(), fmin = std::numeric_limits<float>::min();
+  {
+    float m = 0.9f * dmin;  // the rounding that keeps an unflushed moment stuck
+    CHECK(same_bits(m, dmin));
+    m = 1e-30f;
+    for (int s = 0; s < 2000; ++s) m = 0.9f * m + 0.1f * 0.0f;
+    CHECK(std::fpclassify(m) == FP_SUBNORMAL);  // stuck (at k * 2^-149 with 0.1 k < 1/2)
+  }
+  const index_t w = locus::detail::simd::width;
+  const index_t n = 6 * w + 5;  // vector lanes and the scalar tail
+  adamw_case c = random_case(n, 123);
+  for (index_t i = 0; i < n; i += 2) {
+    const auto k = static_cast<std::size_t>(i);
+    c.g[k] = 0.0f;
+    c.m[k] = i % 4 == 0 ? dmin : -fmin / 3.0f;  // subnormal moments of both signs
+    c.v[k] = i % 3 == 0 ? dmin * 7.0f : 1e-39f;
+  }
+  c.m[1] = 4.0f * fmin;  // normal after the decay: kept
+  c.g[1] = 0.0f;
+  c.v[1] = fmin / 0.999f * 1.0001f;
+  check_against_scalar<float>(c, 1.0f, false, false, {});  // every body: the scalar update's bits
+  for (const path which : paths()) {
+    CAPTURE(static_cast<int>(which));
+    std::vector<float> p = c.p, m = c.m, v = c.v;
+    run_path<float>(which, n, p.data(), static_cast<const float*>(c.g.data()), m.data(), v.data(),
+                    static_cast<float*>(nullptr), 1.0f, false, 0.0f, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 22.366272f);
+    int subnormal = 0, moved = 0;
+    for (index_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      subnormal += std::fpclassify(m[k]) == FP_SUBNORMAL || std::fpclassify(v[k]) == FP_SUBNORMAL ? 1 : 0;
+      if (i % 2 == 0) moved += same_bits(p[k], c.p[k]) ? 0 : 1;  // g = 0, m flushed, no decay: p unchanged
+    }
+    CHECK(subnormal == 0);
+    CHECK(moved == 0);
+    CHECK(same_bits(m[1], 0.9f * (4.0f * fmin)));  // a normal moment decays as before
+  }
+  // SGD's momentum buffer: a subnormal buffer with g = 0 is flushed, so the weight stays
+  float p1[3] = {0.5f, -0.25f, 1e-20f}, g1[3] = {0.0f, 0.0f, 0.0f}, b1[3] = {dmin, -4.0f * dmin, fmin * 4.0f};
+  const locus::detail::update_scalars sc{0, 0, 1.0f, 1.0f};
+  const locus::detail::sgd_kernel<float> k{p1, g1, b1, nullptr, &sc, 0.1f, 0.9f, 0.0f, 0.0f, false};
+  for (index_t i = 0; i < 3; ++i) k(i);
+  CHECK(same_bits(b1[0], 0.0f));
+  CHECK(same_bits(b1[1], 0.0f));
+  CHECK(same_bits(b1[2], 0.9f * (fmin * 4.0f)));  // normal: kept
+  CHECK(same_bits(p1[0], 0.5f));
+  CHECK(same_bits(p1[1], -0.25f));
+}
+
 TEST_CASE("AdamW on a model past the parallel threshold equals a double-precision reference") {
   namespace nn = locus::nn;
   nn::sequential model(nn::linear<locus::cpu, locus::amp::fp32>(301, 117));  // 35,334 parameters: parallel

@@ -398,7 +398,7 @@ TEST_CASE("modules: a layer with a fused activation, fc(x, ag::fused::relu), tra
 
 namespace {
 
-// The main job's CNN (examples/fashion_mnist.cpp, make_cnn) written as a module, its
+// The main job's CNN (examples/fashion_mnist_job.hpp, make_cnn) written as a module, its
 // layers named as nn::sequential numbers them, for 1 x 8 x 8 images.
 template <class D, class P>
 struct main_cnn : nn::module<D, P> {

@@ -1,5 +1,5 @@
 // Models trained in PyTorch, loaded into locus: tests/python/torch_to_locus.py trains the
-// main job's MLP (784-512-256-10) and CNN (examples/fashion_mnist.cpp --model cnn) on
+// main job's MLP (784-512-256-10) and CNN (examples/fashion_mnist_job.hpp --model cnn) on
 // Fashion-MNIST as torch nn.Sequential, saves each with
 // safetensors.torch.save_file(model.state_dict()), and records PyTorch's test accuracy
 // (eval mode, f32), its logits for all 10000 test images, and for the first K an f64
@@ -214,7 +214,7 @@ TEST_CASE("PyTorch-trained MLP and CNN: nn::load reads their state_dict, evaluat
     check_model(dir, results, "mlp", mlp);
   }
   {
-    // examples/fashion_mnist.cpp's make_cnn for 28 x 28 images and 10 classes
+    // examples/fashion_mnist_job.hpp's make_cnn for 28 x 28 images and 10 classes
     nn::sequential cnn{nn::conv2d<D, P>(1, 32, 3, {.padding = 1}), nn::batch_norm2d<D, P>(32), nn::relu<D, P>(),
                        nn::max_pool2d<D, P>(2), nn::conv2d<D, P>(32, 64, 3, {.padding = 1}), nn::batch_norm2d<D, P>(64),
                        nn::relu<D, P>(), nn::max_pool2d<D, P>(2), nn::flatten<D, P>(),

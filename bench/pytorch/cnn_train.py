@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench_cnn --mode train: the main job's CNN trained on Fashion-MNIST.
 
-Model (make_cnn in examples/fashion_mnist.cpp): Conv2d(1,32,3,padding=1) BatchNorm2d(32)
+Model (make_cnn in examples/fashion_mnist_job.hpp): Conv2d(1,32,3,padding=1) BatchNorm2d(32)
 ReLU MaxPool2d(2) Conv2d(32,64,3,padding=1) BatchNorm2d(64) ReLU MaxPool2d(2) Flatten
 Linear(3136,128) ReLU Dropout(0.3) Linear(128,10), PyTorch's default init after
 torch.manual_seed(--seed); loss CrossEntropyLoss (mean); optimizer

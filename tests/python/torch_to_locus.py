@@ -6,7 +6,7 @@ with nn::load and gives PyTorch's test accuracy and logits").
 
     torch_to_locus.py OUTDIR [DATA_DIR]
 
-The models are examples/fashion_mnist.cpp's, as torch nn.Sequential (so state_dict names
+The models are examples/fashion_mnist_job.hpp's, as torch nn.Sequential (so state_dict names
 are locus's): the MLP 784-512-256-10 with relu, and the CNN (--model cnn): conv 3x3 1->32
 (padding 1), batch norm, relu, max pool 2, conv 3x3 32->64, batch norm, relu, max pool 2,
 flatten, linear 3136->128, relu, dropout 0.3, linear 128->10. AdamW (lr 1e-3, weight

@@ -106,6 +106,20 @@ inline vecf sqrt(vecf x) noexcept {
 #endif
 }
 
+/// Every subnormal lane (|x| < FLT_MIN, not 0) made +0; NaN, infinities and normal
+/// lanes unchanged. Comparisons only: no arithmetic on the subnormal (an arithmetic
+/// operation on one costs a microcode assist of about a hundred cycles on x86).
+/// detail::flush_subnormal (nn/kernels.hpp) is the scalar form and says why.
+inline vecf flush_subnormal(vecf x) noexcept {
+  constexpr float tiny = 1.17549435e-38f;  // FLT_MIN, the smallest normal float
+#if LOCUS_SIMD_WIDTH > 1
+  const vecf hi = vecf{} + tiny, lo = vecf{} - tiny;
+  return (x < hi) & (x > lo) ? vecf{} : x;
+#else
+  return x < tiny && x > -tiny ? 0.0f : x;
+#endif
+}
+
 /// Every lane limited to [-c, c] (c > 0), as torch.clamp(g, -c, c): NaN lanes stay NaN,
 /// -0.0 stays -0.0 (the same comparisons as the scalar clamp_abs in nn/kernels.hpp).
 inline vecf clamp_abs(vecf x, float c) noexcept {
@@ -207,6 +221,12 @@ LOCUS_TARGET_AVX512 inline vecf sqrt(vecf x) noexcept {
 #else
   return __builtin_ia32_sqrtps512_mask(x, x, static_cast<unsigned short>(0xffff), 4);
 #endif
+}
+
+LOCUS_TARGET_AVX512 inline vecf flush_subnormal(vecf x) noexcept {
+  constexpr float tiny = 1.17549435e-38f;
+  const vecf hi = vecf{} + tiny, lo = vecf{} - tiny;
+  return (x < hi) & (x > lo) ? vecf{} : x;
 }
 
 LOCUS_TARGET_AVX512 inline vecf clamp_abs(vecf x, float c) noexcept {
