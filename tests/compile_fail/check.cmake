@@ -1,5 +1,5 @@
 # Runs one compile-fail check (see CMakeLists.txt). Inputs: COMPILER, COMPILER_ID,
-# SOURCE, INCLUDES (;-list), MODE (fail | control).
+# SOURCE, INCLUDES (;-list), MODE (fail | control), PRELUDE (optional).
 file(STRINGS "${SOURCE}" _expect REGEX "^// expect: " LIMIT_COUNT 1)
 if(NOT _expect)
   message(FATAL_ERROR "${SOURCE}: no '// expect: REGEX' line")
@@ -20,6 +20,14 @@ foreach(i IN LISTS INCLUDES)
 endforeach()
 if(MODE STREQUAL "fail")
   list(APPEND _args -DLOCUS_VIOLATION)
+endif()
+# PRELUDE: the precompiled prelude of this compiler (CMakeLists.txt), force-included.
+if(PRELUDE)
+  if(COMPILER_ID STREQUAL "clang")
+    list(APPEND _args -include-pch "${PRELUDE}.pch")
+  else()
+    list(APPEND _args -include "${PRELUDE}" -Winvalid-pch)
+  endif()
 endif()
 execute_process(COMMAND "${COMPILER}" ${_args} "${SOURCE}"
   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
