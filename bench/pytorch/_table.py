@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -281,7 +282,54 @@ def cpu_rows(d, rounds, torch_ver, batch_sizes=(128,)):
                 other = gb_side("gemm_libs", f"{bm}/batch:{b}/model:{model}", lib_name)
                 rows.append((f"step GEMMs {name}, batch {b}", f"OpenBLAS / {lib_name} (above 1: {lib_name} slower)",
                              ob, other, fmt_ms, None))
+    # The main job as users build and run it (scripts/run-main's build), epoch by epoch.
+    main_skip = read_text(os.path.join(d, "main_job.skip"))
+    main_epochs = {r: load_epoch_lines(os.path.join(d, f"r{r}.main_job.txt")) for r in rounds}
+    pt_epochs = {}
+    for r in rounds:
+        recs = [x for x in load_jsonl(os.path.join(d, f"r{r}.main_job_pt.jsonl")) if x.get("epochs")]
+        if recs:
+            pt_epochs[r] = [(e["epoch"], e["samples_per_s"], e.get("train_loss")) for e in recs[-1]["epochs"]]
+
+    def epochs_side(label, per_round, why, which):
+        s = Side(label)
+        for r in rounds:
+            eps = per_round.get(r) or []
+            if not eps:
+                continue
+            steady = [1.0 / sps for _, sps, _ in (eps[1:] if len(eps) > 1 else eps)]
+            every = [1.0 / sps for _, sps, _ in eps]
+            if which == "steady":
+                s.add(r, steady)
+            elif which == "median":
+                s.add(r, [median(every)])
+            else:  # the slowest epoch of the round
+                s.add(r, [max(every)])
+            s.extra.setdefault("final_loss", []).append(eps[-1][2])
+        if not s.samples:
+            s.why = why or failed("main_job" if "PyTorch" not in label else "main_job_pt") or "no result"
+        return s
+
+    mj = "main job 784-512-256-10 as scripts/run-main builds it, batch 128, cpu (median of epochs 2 on)"
+    loc = epochs_side("locus `fashion_mnist`", main_epochs, main_skip, "steady")
+    rows.append((mj, "main job / `bench_train` (same model and batch)", loc,
+                 train_side("train_locus", "locus `bench_train`", skip, 128, "512,256"), f_tr, 0.85))
+    rows.append((mj, "main job / the same job in PyTorch (`main_job.py`)", loc,
+                 epochs_side(f"{tv} `main_job.py`", pt_epochs, pt_skip, "steady"), f_tr, 1.5))
+    rows.append(("main job, every epoch (the first included)", "slowest epoch / median epoch, speed",
+                 epochs_side("slowest epoch", main_epochs, main_skip, "slowest"),
+                 epochs_side("median epoch", main_epochs, main_skip, "median"), f_tr, 0.9))
     return rows, err_txt
+
+
+def load_epoch_lines(path):
+    """The main job's epoch lines: [(epoch, samples/s, train loss)]."""
+    out = []
+    for line in read_text(path).splitlines():
+        m = re.match(r"epoch\s+(\d+)\s+train loss\s+(\S+).*?([0-9.]+) samples/s", line)
+        if m:
+            out.append((int(m.group(1)), float(m.group(3)), float(m.group(2))))
+    return out
 
 
 def ratio(loc, peer):
