@@ -17,12 +17,13 @@ endfunction()
 
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} --install "${LOCUS_BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
-  # The documentation: README.md, docs/*.md, examples/*.cpp and examples/pitfalls/'s
+  # The documentation: README.md, docs/*.md, examples/*.{cpp,cu,hpp} and examples/pitfalls/'s
   # sources and READMEs, at their source-tree paths, each byte-equal to the source
   # tree's, and nothing else (no build script).
   set(doc "${WORK_DIR}/prefix/${LOCUS_INSTALL_DOCDIR}")
   file(GLOB docs RELATIVE "${LOCUS_SOURCE_DIR}" "${LOCUS_SOURCE_DIR}/docs/*.md")
-  file(GLOB examples RELATIVE "${LOCUS_SOURCE_DIR}" "${LOCUS_SOURCE_DIR}/examples/*.cpp")
+  file(GLOB examples RELATIVE "${LOCUS_SOURCE_DIR}" "${LOCUS_SOURCE_DIR}/examples/*.cpp"
+       "${LOCUS_SOURCE_DIR}/examples/*.cu" "${LOCUS_SOURCE_DIR}/examples/*.hpp")
   file(GLOB_RECURSE pitfalls RELATIVE "${LOCUS_SOURCE_DIR}" "${LOCUS_SOURCE_DIR}/examples/pitfalls/*.cpp"
        "${LOCUS_SOURCE_DIR}/examples/pitfalls/*.cu" "${LOCUS_SOURCE_DIR}/examples/pitfalls/*.hpp"
        "${LOCUS_SOURCE_DIR}/examples/pitfalls/*.md")
