@@ -1,4 +1,4 @@
-// Fault injection (locus::fault::fail_allocation, memory/allocator.hpp): the k-th
+// Fault injection (locus::fault::fail_allocation, memory/host_allocator.hpp): the k-th
 // allocation request fails with out_of_memory, for every k a step makes, in turn.
 //
 // A training step (forward, loss, backward, grad scaler, optimizer, accumulation of two
