@@ -13,33 +13,8 @@
 // until report() (or the end of an epoch) reads it, and on cuda a bad label or a
 // non-finite gradient is reported there. On host devices they are reported at once.
 //
-// Graph mode ({.cuda_graph = true}, cuda only): the step runs on the trainer's own
-// non-blocking stream and is captured as a CUDA graph once per branch of the
-// accumulation cycle (a micro-batch without an update, and one with it), then replayed:
-// one graph launch per step, plus the copy of the batch into the trainer's static input
-// buffers and one tiny kernel that writes the step's values (micro-step, window, the
-// scheduled lr) into device memory the graph reads. The first step of each branch runs
-// ordinarily on that stream under a graph-private memory pool (filling the pool, the
-// cuBLASLt algorithm cache and the layers' buffers); the second is captured
-// (cudaStreamCaptureModeThreadLocal: the loader's producer thread may allocate and
-// synchronise meanwhile; this thread may not, and does not) and replays from then on.
-// Replays compute exactly what the ordinary step computes (the same kernels on the same
-// buffers): the losses are equal bit for bit. A batch of another shape (an epoch's last,
-// partial batch) drops the graphs (the layers' buffers are reallocated for it, and the
-// graphs point at the old ones): it runs ordinarily, and the graphs are captured again
-// after it; so do evaluate() and probe(), which may resize the same buffers. An epoch
-// whose size is not a multiple of the batch costs two ordinary steps and two captures
-// (use the loader's drop_last to avoid them). The caller's stream waits for
-// each step, so report(), evaluate() and the loader's reuse of the batch are ordered
-// after it. Refused (locus::error at construction): a trainer on a host device (a
-// run-time flag, so a run-time error), a model with dropout (its mask would repeat) and
-// an unfused optimizer step (check_finite = false without a scaler, an optimizer without
-// fused_step, a scaler without options()): that step takes the learning rate as a kernel
-// argument, which a graph would freeze at the captured step's value. Warm-up: every
-// branch of the cycle runs eagerly once before the first capture (with accumulate >= 3
-// the micro-batch branch runs eagerly until the update branch has), so no eager step
-// allocates from the pool after a graph was captured in it.
-// Label errors in graph mode name "the batch", not the micro-step.
+// Graph mode ({.cuda_graph = true}, cuda only): train/graph_mode.hpp, whose comment says
+// how the step is captured and replayed, and what is refused.
 //
 // Capture safety at compile time: locus has no user-facing captured region. Graph mode
 // captures only the trainer's own step, whose every operation is locus code known to be
@@ -80,6 +55,8 @@
 #include "../nn/layers.hpp"
 #include "../nn/loss.hpp"
 #include "../optim/optim.hpp"
+#include "graph_mode.hpp"
+#include "progress.hpp"
 #if LOCUS_HAS_CUDA
 #include <memory>
 
@@ -87,157 +64,6 @@
 #endif
 
 namespace locus::train {
-
-/// Training stopped on a non-finite gradient (amp::fp32 or bf16_mixed, no scaler).
-class non_finite_error : public error {
- public:
-  non_finite_error(std::string what, std::int64_t step, std::string parameter)
-      : error(std::move(what)), step_(step), parameter_(std::move(parameter)) {}
-  /// The micro-batch (counted from 0 over the trainer's life) whose gradient was bad.
-  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
-  /// The parameter whose gradient went non-finite first (backward order).
-  [[nodiscard]] const std::string& parameter() const noexcept { return parameter_; }
-
- private:
-  std::int64_t step_;
-  std::string parameter_;
-};
-
-/// No grad scaler (the default).
-struct no_scaler {
-  using device = void;
-};
-
-/// Passed to an epoch's progress callback every `report_every` micro-batches (the only
-/// time the loss is read back) and after the last one.
-struct progress {
-  std::int64_t epoch = 0;
-  std::int64_t batch = 0;    ///< micro-batches done in this epoch
-  std::int64_t batches = 0;  ///< in the epoch
-  double loss = 0.0;         ///< running mean since the epoch began
-  double samples_per_s = 0.0;
-  double seconds = 0.0;      ///< since the epoch began
-  bool last = false;         ///< the epoch's final call
-  /// Of `seconds`, the time spent waiting for the loader's batches (its
-  /// wait_seconds(); 0 for a range of batches without one).
-  double loader_wait_seconds = 0.0;
-};
-
-struct options {
-  int accumulate = 1;        ///< micro-batches per optimizer step
-  bool cuda_graph = false;   ///< cuda: capture the step as a CUDA graph and replay it
-  bool check_finite = true;  ///< without a scaler: stop on a non-finite gradient
-  optim::schedule schedule{};  ///< lr of each optimizer step (empty: the optimizer's lr)
-  /// Clip the gradients by their global L2 norm before each optimizer step, as
-  /// torch.nn.utils.clip_grad_norm_(max_norm) (after the grad scaler's unscale): each
-  /// gradient times min(1, max / (norm + 1e-6)). 0: off. Inside the fused step: on the
-  /// host the norm comes from the same pass as the finite check; on cuda one reduction
-  /// before it. grad_norm() reports the norm.
-  double clip_grad_norm = 0.0;
-  /// Clip every gradient to [-clip_grad_value, clip_grad_value] before each optimizer
-  /// step, as torch.nn.utils.clip_grad_value_ (after the grad scaler's unscale). 0: off.
-  /// Inside the fused step's update pass (no pass of its own); not with clip_grad_norm.
-  double clip_grad_value = 0.0;
-  /// The progress callback of every train_epoch whose own on_progress is empty, e.g.
-  /// train::progress_bar{} (a line on a terminal, nothing in a file or pipe).
-  std::function<void(const progress&)> on_progress{};
-};
-
-/// What report() and the epoch functions return.
-struct metrics {
-  double loss = 0.0;           ///< mean loss over the samples counted
-  double accuracy = 0.0;       ///< evaluate(): fraction of correct predictions
-  double samples_per_s = 0.0;  ///< train_epoch(): training throughput
-  /// train_epoch(): of `seconds`, the time the step waited for the loader's batches
-  /// (data::loader::wait_seconds(); 0 for a range of batches without it). Near 0: the
-  /// loader keeps ahead; a large share of the epoch: the data is the bottleneck (more
-  /// loader_options::workers).
-  double loader_wait_seconds = 0.0;
-  std::size_t peak_bytes = 0;  ///< peak memory of the model's device (memory_stats)
-  std::int64_t samples = 0;
-  std::int64_t optimizer_steps = 0;
-  double seconds = 0.0;
-};
-
-/// An epoch's progress as one terminal line, redrawn in place (pass it as
-/// epoch_options::on_progress):
-///   epoch 3 [######..............] 78/234  loss 0.4123  41,200/s  1.2 s (2.4 s left)
-/// and, over a data::loader, the time waited for its batches: `  data wait 0.3 s`.
-/// It writes only when `out` is a terminal (unless `always`), so logs and pipes get
-/// nothing; each update erases the rest of the line, and the epoch's last call ends it.
-/// `scale` multiplies the samples/s (a data-parallel rank 0 showing the whole job's rate:
-/// scale = world size). `width` (the bar's characters) is kept within [1, 200].
-struct progress_bar {
-  std::FILE* out = stdout;
-  int width = 20;
-  bool always = false;
-  double scale = 1.0;
-
-  void operator()(const progress& p) const {
-    if (!always && !is_terminal(out)) return;
-    const std::string l = line(p, width, scale);
-    std::fprintf(out, "\r%s\033[K%s", l.c_str(), p.last ? "\n" : "");
-    std::fflush(out);
-  }
-
-  /// The text of one update (without the carriage return and the erase).
-  [[nodiscard]] static std::string line(const progress& p, int width, double scale = 1.0) {
-    const int w = width < 1 ? 1 : width > 200 ? 200 : width;
-    const double frac = p.batches > 0 ? static_cast<double>(p.batch) / static_cast<double>(p.batches) : 0.0;
-    int filled = static_cast<int>(frac * w);
-    if (filled > w) filled = w;
-    if (filled < 0) filled = 0;
-    std::string bar(static_cast<std::size_t>(filled), '#');
-    bar.resize(static_cast<std::size_t>(w), '.');
-    const double r = p.samples_per_s * scale;
-    std::string rate;
-    char buf[96];
-    if (r >= 0.0 && r < 1e15) {
-      const std::string digits = std::to_string(static_cast<long long>(r + 0.5));
-      const std::size_t nd = digits.size();
-      for (std::size_t k = 0; k < nd; ++k) {  // thousands separated by commas
-        if (k > 0 && (nd - k) % 3 == 0) rate += ',';
-        rate += digits[k];
-      }
-    } else {
-      std::snprintf(buf, sizeof buf, "%.3g", r);
-      rate = buf;
-    }
-    std::string s = "epoch " + std::to_string(p.epoch + 1) + " [" + bar + "] " + std::to_string(p.batch) + "/" +
-                    (p.batches > 0 ? std::to_string(p.batches) : std::string("?"));
-    std::snprintf(buf, sizeof buf, "  loss %.4f  ", p.loss);
-    s += buf;
-    s += rate;
-    std::snprintf(buf, sizeof buf, "/s  %.1f s", p.seconds);
-    s += buf;
-    if (p.batch > 0 && p.batches > p.batch) {
-      std::snprintf(buf, sizeof buf, " (%.1f s left)",
-                    p.seconds * static_cast<double>(p.batches - p.batch) / static_cast<double>(p.batch));
-      s += buf;
-    }
-    if (p.loader_wait_seconds > 0) {  // a loader's (nothing for a plain range of batches)
-      std::snprintf(buf, sizeof buf, "  data wait %.1f s", p.loader_wait_seconds);
-      s += buf;
-    }
-    return s;
-  }
-
-  static bool is_terminal(std::FILE* f) noexcept {
-#if __has_include(<unistd.h>)
-    return f && ::isatty(::fileno(f)) != 0;
-#else
-    (void)f;
-    return false;
-#endif
-  }
-};
-
-struct epoch_options {
-  std::int64_t epoch = 0;
-  std::int64_t report_every = 50;
-  std::function<void(const progress&)> on_progress{};
-};
-
 namespace detail {
 using locus::detail::step_state;
 using optim::detail::step_vars;
@@ -1227,108 +1053,7 @@ class trainer {
   using target_tensor = tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device,
                                loss_state::target_view::rank>;
 
-  /// Graph mode's state: the stream, the graph-private pool, one graph per branch of the
-  /// accumulation cycle (0: a micro-batch without an update, 1: with it), the static
-  /// batch buffers and the device-resident step values.
-  struct graph_state {
-    locus::stream owned;  // non-blocking, listed (host reads wait for it)
-    cudaStream_t stream = owned.native_handle(), caller = nullptr;
-    cudaEvent_t ready = nullptr, done = nullptr;
-    std::shared_ptr<locus::detail::graph_pool> pool;
-    cudaGraph_t graph[2] = {nullptr, nullptr};
-    cudaGraphExec_t exec[2] = {nullptr, nullptr};
-    bool warmed[2] = {false, false};
-    tensor<C, device, input_rank> x;
-    target_tensor y;
-    tensor<std::int64_t, device, 1> vars;
-
-    graph_state() {
-      LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-      LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-      pool = locus::detail::make_graph_pool();
-      locus::stream_guard on(owned);
-      vars = zeros<std::int64_t, device>(extents<1>{static_cast<index_t>(sizeof(detail::step_vars) / 8)});
-    }
-    graph_state(const graph_state&) = delete;
-    graph_state& operator=(const graph_state&) = delete;
-    ~graph_state() {
-      (void)cudaStreamSynchronize(stream);
-      drop();
-      // The buffers go back to this stream's cache. Making the stream current can throw
-      // (its device cannot be made current: a lost device); a destructor must not, so
-      // the buffers are then freed by the members' destructors under the caller's stream
-      // (the stream was synchronised above: nothing of it still reads them).
-      try {
-        locus::stream_guard on(owned);
-        x = tensor<C, device, input_rank>();
-        y = target_tensor();
-        vars = tensor<std::int64_t, device, 1>();
-      } catch (...) {
-      }
-      (void)cudaEventDestroy(ready);
-      (void)cudaEventDestroy(done);
-    }
-    detail::step_vars* vars_ptr() noexcept { return reinterpret_cast<detail::step_vars*>(vars.data_handle()); }
-    /// Forgets the graphs (their buffers may be reallocated next); the next step of each
-    /// branch warms up again.
-    void drop() noexcept {
-      for (int b = 0; b < 2; ++b) {
-        if (exec[b]) (void)cudaGraphExecDestroy(exec[b]);
-        if (graph[b]) (void)cudaGraphDestroy(graph[b]);
-        exec[b] = nullptr;
-        graph[b] = nullptr;
-        warmed[b] = false;
-      }
-    }
-    /// The graph stream waits for the caller's work and becomes current.
-    void begin(std::optional<locus::stream_guard>& on) {
-      caller = locus::detail::current_stream();
-      LOCUS_CUDA_CHECK(cudaEventRecord(ready, caller));
-      LOCUS_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
-      on.emplace(owned);
-    }
-    /// The caller's stream waits for the step (report(), the loader's reuse of the batch).
-    void end(std::optional<locus::stream_guard>& on) {
-      on.reset();
-      LOCUS_CUDA_CHECK(cudaEventRecord(done, stream));
-      LOCUS_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
-    }
-    /// end() on an error path: the original error is the one to report, so a failure
-    /// here (already a broken device) is dropped, and the caller's stream then waits for
-    /// the whole graph stream instead.
-    void end_after_error(std::optional<locus::stream_guard>& on) noexcept {
-      on.reset();
-      try {
-        end(on);
-      } catch (...) {
-        (void)cudaStreamSynchronize(stream);
-        (void)cudaGetLastError();
-      }
-    }
-    /// Whether every branch this accumulation cycle uses has run its eager warm-up:
-    /// captures wait for that, so that no eager step allocates from the pool after a
-    /// graph (whose temporaries the pool keeps for it) was captured in it.
-    [[nodiscard]] bool all_warmed(int accumulate) const noexcept { return warmed[1] && (accumulate == 1 || warmed[0]); }
-    /// Captures f() as branch b's graph and instantiates it. Thread-local mode: this
-    /// thread may not call what breaks a capture (the runtime reports it, and it becomes
-    /// a cuda_error); other threads (the loader's) are not restricted.
-    template <class F>
-    void capture(int b, F&& f) {
-      locus::detail::graph_pool_scope scope(*pool);
-      LOCUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        f();
-      } catch (...) {
-        cudaGraph_t broken = nullptr;
-        (void)cudaStreamEndCapture(stream, &broken);
-        if (broken) (void)cudaGraphDestroy(broken);
-        (void)cudaGetLastError();
-        throw;
-      }
-      LOCUS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph[b]));
-      LOCUS_CUDA_CHECK(cudaGraphInstantiate(&exec[b], graph[b], 0));
-    }
-  };
+  using graph_state = detail::graph_state<C, device, input_rank, target_tensor>;
 
   /// One step in graph mode (see the header comment).
   template <class X, class Y>
