@@ -15,6 +15,10 @@
 // sharing the detail helpers at the top (owner checks, put, scratch buffers); the seam
 // for a split is per family (element-wise, GEMMs, reductions and losses, shapes,
 // operations of your own), the layout family already in ag/shapes.hpp.
+//
+// Length (over 600 lines): the differentiable element-wise, matmul, reduction and loss
+// operations share one pattern (record an entry, its backward as a lambda over saved
+// views); the shape operations are already ag/shapes.hpp.
 #pragma once
 
 #include <cstdint>

@@ -32,6 +32,9 @@
 // nothing on the tape. A value's view points into its slot's buffer: it is valid until
 // the tape is reset (an operation on a value of an earlier step is refused by the
 // step's generation number, which every value carries).
+//
+// Length (over 600 lines): the tape, its values and the liveness checks (a value of a
+// destroyed or reset tape) are one state; the operations over it are ag/ops.hpp.
 #pragma once
 
 #include <array>

@@ -35,6 +35,10 @@
 // NCCL calls go on locus's current stream (locus::stream_guard), so they are ordered with
 // the kernels and the stream-ordered allocator as any kernel is: a buffer freed after a
 // collective is reused only by work that runs after it on that stream.
+//
+// Length (over 600 lines): one class per back end (MPI, NCCL) behind one typed
+// interface, with the rules that the device decides which; split, each would repeat the
+// interface's checks.
 #pragma once
 
 #include "../core/config.hpp"

@@ -35,6 +35,9 @@
 // checksums and without it is corrupt). A file whose "format" is locus's own
 // "locus-model-2" or "locus-checkpoint-2" must carry the checksums (stripping them is
 // refused); "-1" files, written before checksums, load unverified.
+//
+// Length (over 600 lines): the writer and the reader of one format, with the header's
+// validation (each hostile-file check beside the field it checks).
 #pragma once
 
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON

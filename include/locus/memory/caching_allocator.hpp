@@ -64,7 +64,7 @@
 //   error throws cuda_error (out of memory takes the out-of-memory path).
 
 //
-// Over 600 lines for a reason: caching_allocator is one class whose members share the
+// Length (over 600 lines): caching_allocator is one class whose members share the
 // pool's invariants (the block lists, the pending events, the graph pools, the out-of-
 // memory path); split across files, each part would be read without the invariant it keeps.
 #pragma once

@@ -7,6 +7,10 @@
 // Every backward here is a gather: each input element sums what the outputs that read
 // it send back, in a fixed order, so no kernel needs atomics and every result is the
 // same bits at any thread count and on every run.
+//
+// Length (over 600 lines): the per-index kernels of the NCHW layers (im2col, col2im,
+// pooling, batch norm) and their geometry checks, one source for every device, beside
+// the host forms the tests compare them with.
 #pragma once
 
 #include <cmath>

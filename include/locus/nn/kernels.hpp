@@ -6,6 +6,11 @@
 // bias_act_grad_kernel; the host walks rows, and run_tiled_host replays the device's
 // schedule for tests), cross-entropy a warp or a block per row with an online maximum
 // and sum (block() of cross_entropy_kernel; the host a row per call).
+//
+// Length (over 600 lines): the kernels of training (activations, the bias gradient,
+// softmax rows, the losses, the optimizers' updates) are one family: each functor's
+// host block and vector forms sit beside the device form they must equal bit for bit,
+// which the tests hold them to.
 #pragma once
 
 #include <cmath>

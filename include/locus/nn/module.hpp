@@ -34,6 +34,10 @@
 // needs, so one layer is called at most once per forward (a second call is an
 // autograd_error: declare a second layer, as PyTorch needs for layers that keep state).
 // A module is built only inside an nn::model or as an nn::child (an error naming both).
+//
+// Length (over 600 lines): nn::model<Net> is one class template: the naming of
+// parameters, the tape's reuse between steps, hooks and what the trainer and
+// data_parallel call are its members, over one state.
 #pragma once
 
 #include <array>

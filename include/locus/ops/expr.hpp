@@ -18,6 +18,10 @@
 // Operands are held by reference (as views), like Eigen's expressions: keep the
 // tensors alive until the expression is evaluated (evaluate in the same statement, or
 // keep named tensors).
+//
+// Length (over 600 lines): the expression nodes, their evaluation and the operators
+// that build them are one type system: a node's rules (devices, dtypes, broadcasting)
+// are checked where it is built.
 #pragma once
 
 #include <cstddef>

@@ -15,6 +15,10 @@
 //                locus's epilogue kernel afterwards, which needs nvcc.
 // Accumulation is f32 for f32, f16 and bf16 inputs (f64 for f64); matmul<float>(a, b)
 // keeps an f16 or bf16 product in f32 instead of rounding it back.
+//
+// Length (over 600 lines): matmul, matmul_into, linear and linear_into share the
+// operand classification (which layouts a GEMM takes as they are, which it copies) and
+// the dispatch to BLAS, oneDNN or cuBLASLt; the back ends themselves are backend/.
 #pragma once
 
 #include <atomic>

@@ -31,6 +31,10 @@
 // grad scaler's state (opt.step(scaler.state())), or opt.step(locus::optim::unscaled)
 // to step without one on purpose. The policy is not part of the optimizer's type
 // (adamw<D> serves every policy), so this is a run-time rule.
+//
+// Length (over 600 lines): AdamW, SGD and the schedules share the fused step protocol
+// (the check pass, the skip flag, the device-resident step values) that the trainer and
+// graph mode drive.
 #pragma once
 
 #include <cmath>

@@ -3,6 +3,9 @@
 // mixing them does not compile; element access, span() and data() exist only where
 // host code may read the memory. tensor is move-only: a deep copy is clone() or
 // to<D2>(), never a hidden copy constructor.
+//
+// Length (over 600 lines): tensor and tensor_view are one pair (conversions, views,
+// element access on host-readable devices) whose rules must be read together.
 #pragma once
 
 #include <cstddef>

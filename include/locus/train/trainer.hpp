@@ -28,6 +28,10 @@
 // or scaler built for another device, and a policy that computes in f16 (amp::fp16_mixed
 // or any other) without a grad scaler. At construction: an optimizer bound to another
 // model's parameters (locus::error).
+//
+// Length (over 600 lines): train::trainer is one class: the step, its rollback,
+// accumulation, the epoch functions and evaluation share the trainer's state; graph
+// mode's state is train/graph_mode.hpp and the options and progress train/progress.hpp.
 #pragma once
 
 #include <chrono>
