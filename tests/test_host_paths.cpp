@@ -541,3 +541,71 @@ TEST_CASE("batch norm's host lanes give the element-wise sums' bits, with and wi
       check_bn_lanes<double>(4, 2, hw, relu);
     }
 }
+
+namespace {
+/// The generic host block of a f32 sum (ops/reduce.hpp, host_reduce), written out: the
+/// reference the AVX-512 body must equal bit for bit.
+double generic_block_sum(const float* x, index_t n) {
+  double lanes[16] = {};
+  index_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += static_cast<double>(x[i + l]);
+  for (; i < n; ++i) lanes[0] += static_cast<double>(x[i]);
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+bool same_bits_d(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+}  // namespace
+
+// locus::sum of contiguous f32 runs each 2048-element block through an AVX-512F body
+// where the CPU has one: it must give the generic block's bits (every length and
+// alignment around the sixteen lanes, huge and tiny magnitudes, NaN, infinities), and the
+// whole sum must equal the blocks' sums added in order, as the generic path adds them.
+TEST_CASE("sum's AVX-512 block gives the generic block's bits; a whole f32 sum is the ordered sum of its blocks") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(2048 + 64);
+  // Magnitudes from 2^-40 to 2^40 of both signs: double sums of them round, and cancel,
+  // differently in another order (sums of floats of similar size are exact in f64, so
+  // they could not tell one order from another).
+  std::uniform_int_distribution<int> ex(-40, 40);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(nd(rng), ex(rng));
+#if LOCUS_SIMD_AVX512_DISPATCH
+  if (!__builtin_cpu_supports("avx512f")) {
+    MESSAGE("SKIPPED the AVX-512 body: this CPU has no AVX-512F");
+  } else {
+    int wrong = 0;
+    for (index_t off = 0; off < 17; ++off)
+      for (index_t n : {index_t(0), index_t(1), index_t(15), index_t(16), index_t(17), index_t(31), index_t(33),
+                        index_t(255), index_t(2047), index_t(2048)}) {
+        if (!same_bits_d(locus::detail::simd512::sum_block_f64(x.data() + off, n), generic_block_sum(x.data() + off, n)))
+          ++wrong;
+      }
+    CHECK(wrong == 0);
+    std::vector<float> y = x;
+    y[40] = std::numeric_limits<float>::infinity();
+    CHECK(std::isinf(locus::detail::simd512::sum_block_f64(y.data(), 2048)));
+    y[41] = -std::numeric_limits<float>::infinity();
+    CHECK(std::isnan(locus::detail::simd512::sum_block_f64(y.data(), 2048)));
+    y[41] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(locus::detail::simd512::sum_block_f64(y.data(), 2048)));
+  }
+#else
+  MESSAGE("SKIPPED the AVX-512 body: not in this build (not x86-64, or compiled for AVX-512 already)");
+#endif
+  // Through the public sum, whichever body runs: 100 blocks and a partial one.
+  const index_t n = 100 * 2048 + 777;
+  auto t = locus::empty<float, locus::cpu>({n});
+  std::normal_distribution<float> big(0.0f, 1e4f);
+  for (index_t i = 0; i < n; ++i) t.data()[i] = big(rng);
+  double total = 0.0;
+  for (index_t lo = 0; lo < n; lo += 2048) total += generic_block_sum(t.data() + lo, std::min<index_t>(2048, n - lo));
+  CHECK(std::bit_cast<std::uint32_t>(locus::sum(t).item()) == std::bit_cast<std::uint32_t>(static_cast<float>(total)));
+  CHECK(std::bit_cast<std::uint32_t>(locus::sum(t.view()).item()) == std::bit_cast<std::uint32_t>(static_cast<float>(total)));
+  // A mean takes the same path.
+  CHECK(std::bit_cast<std::uint32_t>(locus::mean(t).item()) ==
+        std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<float>(total) / static_cast<double>(n))));
+}

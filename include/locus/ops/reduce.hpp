@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/host_simd.hpp"
 #include "expr.hpp"
 
 #if LOCUS_HAS_CUDA && LOCUS_CUDA_COMPILER
@@ -63,6 +64,7 @@ LOCUS_HOST_DEVICE inline double var_divisor(index_t n, double correction) {
 /// Reads element i (row-major over `shape`) of an expression evaluator.
 template <class Ev, std::size_t R, bool Linear>
 struct flat_reader {
+  static constexpr std::size_t rank = R;
   Ev ev;
   index_array<R> shape;
   LOCUS_HOST_DEVICE auto operator()(index_t i) const {
@@ -157,6 +159,23 @@ using wide_sum_t = std::conditional_t<std::is_floating_point_v<A>, double, A>;
 inline constexpr index_t reduce_block = 2048;
 inline constexpr int reduce_lanes = 16;
 
+/// The contiguous f32 data a reader reads element by element (a tensor or view that is
+/// itself the operand), or nullptr: host_reduce's sums run over such data with the
+/// AVX-512 body where the CPU has it (the same bits as the generic block).
+template <class F>
+const float* contiguous_f32(const F& f) noexcept {
+  if constexpr (requires { f.ev.p; } && std::is_same_v<std::remove_cvref_t<decltype(*f.ev.p)>, float>) {
+    using Ev = std::remove_cv_t<decltype(f.ev)>;
+    if constexpr (std::is_same_v<F, flat_reader<const Ev, F::rank, true>> ||
+                  std::is_same_v<F, flat_reader<Ev, F::rank, true>>)
+      return f.ev.p;
+    else
+      return nullptr;
+  } else {
+    return nullptr;
+  }
+}
+
 /// Host reduction of f(0..n) with op; returns the result in Acc (sum: combined in
 /// double for floating types).
 template <class Op, class Acc, class F>
@@ -169,12 +188,25 @@ Acc host_reduce(index_t n, const F& f) {
   const index_t blocks = (n + reduce_block - 1) / reduce_block;
   std::vector<Wide> partial(static_cast<std::size_t>(blocks));
   const Op op{};
+#if defined(LOCUS_SIMD_AVX512_DISPATCH)
+  const float* const contiguous = contiguous_f32(f);
+  const bool avx512 = contiguous != nullptr && simd512::available();
+#endif
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (blocks > 8)
 #endif
   for (index_t blk = 0; blk < blocks; ++blk) {
     const index_t lo = blk * reduce_block;
     const index_t hi = lo + reduce_block < n ? lo + reduce_block : n;
+#if defined(LOCUS_SIMD_AVX512_DISPATCH)
+    if constexpr (std::is_same_v<Op, sum_op> && std::is_same_v<Acc, float> && std::is_same_v<Wide, double>) {
+      static_assert(reduce_lanes == 16, "simd512::sum_block_f64 forms sixteen lanes");
+      if (contiguous && avx512) {
+        partial[static_cast<std::size_t>(blk)] = simd512::sum_block_f64(contiguous + lo, hi - lo);
+        continue;
+      }
+    }
+#endif
     Wide lanes[reduce_lanes];
     for (int l = 0; l < reduce_lanes; ++l) lanes[l] = Op::template identity<Wide>();
     index_t i = lo;
