@@ -115,7 +115,7 @@ inline vecf flush_subnormal(vecf x) noexcept {
   constexpr float tiny = 1.17549435e-38f;  // FLT_MIN, the smallest normal float
 #if LOCUS_SIMD_WIDTH > 1
   const vecf hi = vecf{} + tiny, lo = vecf{} - tiny;
-  return (x < hi) & (x > lo) ? vecf{} : x;
+  return ((x < hi) & (x > lo)) ? vecf{} : x;
 #else
   return x < tiny && x > -tiny ? 0.0f : x;
 #endif
@@ -227,7 +227,7 @@ LOCUS_TARGET_AVX512 inline vecf sqrt(vecf x) noexcept {
 LOCUS_TARGET_AVX512 inline vecf flush_subnormal(vecf x) noexcept {
   constexpr float tiny = 1.17549435e-38f;
   const vecf hi = vecf{} + tiny, lo = vecf{} - tiny;
-  return (x < hi) & (x > lo) ? vecf{} : x;
+  return ((x < hi) & (x > lo)) ? vecf{} : x;
 }
 
 LOCUS_TARGET_AVX512 inline vecf clamp_abs(vecf x, float c) noexcept {

@@ -64,7 +64,6 @@ LOCUS_HOST_DEVICE inline double var_divisor(index_t n, double correction) {
 /// Reads element i (row-major over `shape`) of an expression evaluator.
 template <class Ev, std::size_t R, bool Linear>
 struct flat_reader {
-  static constexpr std::size_t rank = R;
   Ev ev;
   index_array<R> shape;
   LOCUS_HOST_DEVICE auto operator()(index_t i) const {
@@ -163,17 +162,15 @@ inline constexpr int reduce_lanes = 16;
 /// itself the operand), or nullptr: host_reduce's sums run over such data with the
 /// AVX-512 body where the CPU has it (the same bits as the generic block).
 template <class F>
+struct reads_contiguous_f32 : std::false_type {};
+template <class T, std::size_t RO, std::size_t R>
+struct reads_contiguous_f32<flat_reader<const leaf_eval<T, RO>, R, true>> : std::is_same<std::remove_cv_t<T>, float> {};
+template <class T, std::size_t RO, std::size_t R>
+struct reads_contiguous_f32<flat_reader<leaf_eval<T, RO>, R, true>> : std::is_same<std::remove_cv_t<T>, float> {};
+template <class F>
 const float* contiguous_f32(const F& f) noexcept {
-  if constexpr (requires { f.ev.p; } && std::is_same_v<std::remove_cvref_t<decltype(*f.ev.p)>, float>) {
-    using Ev = std::remove_cv_t<decltype(f.ev)>;
-    if constexpr (std::is_same_v<F, flat_reader<const Ev, F::rank, true>> ||
-                  std::is_same_v<F, flat_reader<Ev, F::rank, true>>)
-      return f.ev.p;
-    else
-      return nullptr;
-  } else {
-    return nullptr;
-  }
+  if constexpr (reads_contiguous_f32<F>::value) return f.ev.p;
+  else return nullptr;
 }
 
 /// Host reduction of f(0..n) with op; returns the result in Acc (sum: combined in
