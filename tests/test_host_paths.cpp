@@ -564,7 +564,7 @@ bool same_bits_d(double a, double b) {
 // where the CPU has one: it must give the generic block's bits (every length and
 // alignment around the sixteen lanes, huge and tiny magnitudes, NaN, infinities), and the
 // whole sum must equal the blocks' sums added in order, as the generic path adds them.
-TEST_CASE("sum's AVX-512 block gives the generic block's bits; a whole f32 sum is the ordered sum of its blocks") {
+TEST_CASE("sum's AVX-512 block gives the generic block's bits, and a whole f32 sum is the ordered sum of its blocks") {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(2048 + 64);
