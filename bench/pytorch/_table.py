@@ -462,6 +462,11 @@ def cpu_main(a):
         old = read_text(path) + "\n" if os.path.exists(path) else ""
         block = f"{BEGIN}\n{section}{END}"
         if BEGIN in old and END in old and old.index(BEGIN) < old.index(END):
+            # The table it replaces goes to the history beside RESULTS.md.
+            replaced = old[old.index(BEGIN) + len(BEGIN):old.index(END)].strip("\n")
+            history = os.path.join(os.path.dirname(os.path.abspath(path)), "HISTORY.md")
+            with open(history, "a") as fh:
+                fh.write("\n" + replaced + "\n")
             new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
         else:
             new = old.rstrip("\n") + "\n\n" + block + "\n"
