@@ -228,6 +228,16 @@ struct access {
   static std::uint64_t generation(const V& v) noexcept {
     return v.generation_;
   }
+  /// A tape that frees each value and gradient during backward once no node left to run
+  /// reads it (activation checkpointing's segment tapes; tape::set_releasing).
+  template <class T, class D>
+  static void set_releasing(tape<T, D>& t, bool on) noexcept {
+    t.set_releasing(on);
+  }
+  template <class T, class D>
+  static bool releasing(const tape<T, D>& t) noexcept {
+    return t.releasing();
+  }
   /// Whether v's tape is alive and still at v's step, read without touching the tape.
   template <class V>
   static bool tape_current(const V& v) noexcept {
@@ -364,7 +374,7 @@ class tape {
       auto [g, fresh] = grad_out<0>(detail::access::id(loss), extents<0>{});
       (void)fresh;
       ::locus::detail::launch_n<D>(1, ::locus::detail::fill_value<T>{g.data_handle(), ::locus::detail::scalar_cast<T>(1.0)});
-      for (std::size_t i = nodes_used_; i-- > 0;) nodes_[i]->backward(*this);
+      run_nodes();
       for (auto& h : after_backward_) h();
     }
   }
@@ -389,7 +399,7 @@ class tape {
       auto [g, fresh] = grad_out<V::rank>(detail::access::id(out), out.shape());
       (void)fresh;
       ::locus::detail::assign_expr(g, ::locus::detail::to_expr(seed));
-      for (std::size_t i = nodes_used_; i-- > 0;) nodes_[i]->backward(*this);
+      run_nodes();
       for (auto& h : after_backward_) h();
     }
   }
@@ -410,6 +420,9 @@ class tape {
       throw autograd_error("locus: grad() of a value that requires no gradient (a constant, or computed from "
                            "constants only); make it with tape.leaf(x) to get its gradient");
     slot& s = slots_[detail::access::id(v)];
+    if (s.freed)
+      throw autograd_error("locus: grad() of a value whose buffers this tape freed during backward (a checkpointed "
+                           "segment's tape keeps the gradients of its leaves only)");
     if (s.grad_alias != nullptr) return {::locus::detail::raw_view_key{}, s.grad_alias, v.shape(), s.alias_device};
     if (!s.grad_written) {
       ensure(s.grad, s.numel);
@@ -513,6 +526,8 @@ class tape {
   /// operation at this position was of the same kind.
   template <class N>
   N& record() {
+    if (marks_.size() <= nodes_used_) marks_.resize(nodes_used_ + 1);
+    marks_[nodes_used_] = used_;
     if (nodes_used_ < nodes_.size() && nodes_[nodes_used_] && typeid(*nodes_[nodes_used_]) == typeid(N)) {
       return static_cast<N&>(*nodes_[nodes_used_++]);
     }
@@ -586,6 +601,8 @@ class tape {
     index_t numel = 0;
     bool requires_grad = false;
     bool grad_written = false;
+    bool external = false;  // a leaf or constant (kept when releasing)
+    bool freed = false;     // its buffers freed by a releasing backward
     std::size_t rank = 0;  // the value's shape, for value_shape() (ranks above 8: numel alone)
     std::array<index_t, 8> dims{};
     template <std::size_t R>
@@ -620,6 +637,7 @@ class tape {
   var<T, D, R> external(const tensor_view<const T, D, R>& x, bool requires_grad) {
     slot& s = next_slot(x.numel(), requires_grad);
     s.set_shape(x.shape());
+    s.external = true;
     return detail::access::make(this, static_cast<std::uint32_t>(used_ - 1), generation_, requires_grad, x);
   }
 
@@ -633,7 +651,42 @@ class tape {
     s.requires_grad = requires_grad;
     s.grad_written = false;
     s.grad_alias = nullptr;
+    s.external = false;
+    s.freed = false;
     return s;
+  }
+
+  /// Frees values and gradients during backward as soon as no node left to run can read
+  /// them (activation checkpointing's segments; off by default, where the buffers stay for
+  /// the next step). After node i's backward, every value recorded after node i was (and
+  /// its gradient) belongs to node i or to a later node, whose backward has run: those of
+  /// them the tape owns are freed, leaves and constants (external values) are kept, so
+  /// grad() of a leaf still works. Layers inside modules ask releasing() and then copy
+  /// their input gradient instead of lending it, and free their activations after their
+  /// backward.
+  // (not for users: the values of the step other than leaves are dangling after such a
+  // backward; through detail::access)
+  void set_releasing(bool on) noexcept { releasing_ = on; }
+  [[nodiscard]] bool releasing() const noexcept { return releasing_; }
+
+
+  // The nodes from last to first; when releasing, after node i the values recorded after
+  // it (marks_[i] on) are freed, those already freed skipped.
+  void run_nodes() {
+    std::size_t live = used_;
+    for (std::size_t i = nodes_used_; i-- > 0;) {
+      nodes_[i]->backward(*this);
+      if (!releasing_) continue;
+      for (std::size_t id = marks_[i]; id < live; ++id) {
+        slot& s = slots_[id];
+        if (s.external) continue;
+        s.value = tensor<T, D, 1>();
+        s.grad = tensor<T, D, 1>();
+        s.grad_alias = nullptr;
+        s.freed = true;
+      }
+      if (marks_[i] < live) live = marks_[i];
+    }
   }
 
   static void ensure(tensor<T, D, 1>& t, index_t n) {
@@ -646,6 +699,7 @@ class tape {
   std::vector<slot> slots_;
   std::size_t used_ = 0;
   std::vector<std::unique_ptr<node<T, D>>> nodes_;
+  std::vector<std::size_t> marks_;  // values recorded when node i was (used_ at record())
   std::size_t nodes_used_ = 0;
   std::vector<std::function<void()>> after_backward_;
   void publish() noexcept {
@@ -656,6 +710,7 @@ class tape {
   std::uint64_t generation_ = detail::next_generation();
   bool done_ = false;
   bool training_ = true;
+  bool releasing_ = false;
 };
 
 }  // namespace locus::ag

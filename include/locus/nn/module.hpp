@@ -306,6 +306,9 @@ class layer final : public detail::layer_ref {
                         std::is_same_v<V, tensor_view<std::int64_t, device, 0>>)
             out.emplace_back(n, v);
         });
+      } else {
+        (void)this;  // (clang's -Wunused-lambda-capture for layers without buffers)
+        (void)out;
       }
     };
     reg->add(std::move(e), first);
@@ -487,14 +490,18 @@ class layer final : public detail::layer_ref {
       const bool need = t.wants_grad(x);
       const auto gx = self->l_.backward(g, need);
       self->grads_done();  // its parameters' gradients are written
-      if (!need) return;
-      const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
-                                                 gx.device_index()};
-      // the layer keeps gx until its next backward: x's gradient refers to it, no copy
-      // (unless another use of x wrote first: then it is added)
-      if (t.grad_adopt(x, src)) return;
-      auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
-      ag::detail::put(dst, fresh, src);
+      if (need) {
+        const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
+                                                   gx.device_index()};
+        // the layer keeps gx until its next backward: x's gradient refers to it, no copy
+        // (unless another use of x wrote first: then it is added). A releasing tape (a
+        // checkpointed segment's) gets a copy, and the layer frees its activations now.
+        if (ag::detail::access::releasing(t) || !t.grad_adopt(x, src)) {
+          auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
+          ag::detail::put(dst, fresh, src);
+        }
+      }
+      if (ag::detail::access::releasing(t)) self->release_activations();
     }
   };
 
@@ -673,6 +680,7 @@ class child {
           (void)fresh;
           ::locus::copy(prior, d);
         }
+        ag::detail::access::set_releasing(st.tape, true);  // each buffer freed once nothing left to run reads it
         st.tape.backward(ys, g);
         if (need) {
           auto [dst, fresh] = t.template grad_out<RI>(x, x_value.shape());
