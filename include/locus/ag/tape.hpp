@@ -457,11 +457,7 @@ class tape {
   /// checkpointing releases a segment's tape this way between its forward and backward.
   void release() noexcept {
     reset();
-    for (auto& s : slots_) {
-      s.value = tensor<T, D, 1>();
-      s.grad = tensor<T, D, 1>();
-      s.grad_alias = nullptr;
-    }
+    for (auto& s : slots_) s.free_buffers();
   }
 
   /// Recorded operations and values of this step.
@@ -579,11 +575,12 @@ class tape {
   /// step (a layer's input gradient): when it is the first contribution, the slot refers
   /// to it instead of copying it (true); otherwise nothing happens (false: add it through
   /// grad_out). A later contribution copies it into the slot's own buffer first, so
-  /// `g` is never written by the tape.
+  /// `g` is never written by the tape. A releasing tape adopts nothing (false): the node
+  /// may free `g` right after its backward.
   template <std::size_t R>
   bool grad_adopt(std::uint32_t id, const tensor_view<const T, D, R>& g) noexcept {
     slot& s = slots_[id];
-    if (s.grad_written || !g.is_contiguous() || g.numel() != s.numel || g.data_handle() == nullptr) return false;
+    if (releasing_ || s.grad_written || !g.is_contiguous() || g.numel() != s.numel || g.data_handle() == nullptr) return false;
     s.grad_alias = g.data_handle();
     s.alias_device = g.device_index();
     s.grad_written = true;
@@ -605,6 +602,11 @@ class tape {
     bool freed = false;     // its buffers freed by a releasing backward
     std::size_t rank = 0;  // the value's shape, for value_shape() (ranks above 8: numel alone)
     std::array<index_t, 8> dims{};
+    void free_buffers() noexcept {
+      value = tensor<T, D, 1>();
+      grad = tensor<T, D, 1>();
+      grad_alias = nullptr;
+    }
     template <std::size_t R>
     void set_shape(const extents<R>& s) noexcept {
       if constexpr (R <= 8) {
@@ -661,14 +663,12 @@ class tape {
   /// the next step). After node i's backward, every value recorded after node i was (and
   /// its gradient) belongs to node i or to a later node, whose backward has run: those of
   /// them the tape owns are freed, leaves and constants (external values) are kept, so
-  /// grad() of a leaf still works. Layers inside modules ask releasing() and then copy
-  /// their input gradient instead of lending it, and free their activations after their
-  /// backward.
-  // (not for users: the values of the step other than leaves are dangling after such a
-  // backward; through detail::access)
+  /// grad() of a leaf still works. Such a tape adopts no node's buffer (grad_adopt copies
+  /// instead), so layers inside modules may free their activations after their backward
+  /// (they ask releasing()). Not for users (the step's values other than leaves dangle
+  /// after such a backward): through detail::access.
   void set_releasing(bool on) noexcept { releasing_ = on; }
   [[nodiscard]] bool releasing() const noexcept { return releasing_; }
-
 
   // The nodes from last to first; when releasing, after node i the values recorded after
   // it (marks_[i] on) are freed, those already freed skipped.
@@ -680,9 +680,7 @@ class tape {
       for (std::size_t id = marks_[i]; id < live; ++id) {
         slot& s = slots_[id];
         if (s.external) continue;
-        s.value = tensor<T, D, 1>();
-        s.grad = tensor<T, D, 1>();
-        s.grad_alias = nullptr;
+        s.free_buffers();
         s.freed = true;
       }
       if (marks_[i] < live) live = marks_[i];

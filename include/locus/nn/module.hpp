@@ -494,9 +494,9 @@ class layer final : public detail::layer_ref {
         const tensor_view<const C, device, RI> src{::locus::detail::raw_view_key{}, gx.data_handle(), in_shape,
                                                    gx.device_index()};
         // the layer keeps gx until its next backward: x's gradient refers to it, no copy
-        // (unless another use of x wrote first: then it is added). A releasing tape (a
-        // checkpointed segment's) gets a copy, and the layer frees its activations now.
-        if (ag::detail::access::releasing(t) || !t.grad_adopt(x, src)) {
+        // (unless another use of x wrote first: then it is added; a releasing tape, a
+        // checkpointed segment's, adopts nothing, and the layer frees its activations now)
+        if (!t.grad_adopt(x, src)) {
           auto [dst, fresh] = t.template grad_out<RI>(x, in_shape);
           ag::detail::put(dst, fresh, src);
         }
