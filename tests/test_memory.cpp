@@ -41,7 +41,7 @@ TEST_CASE("peak tracks the high-water mark and reset_peak_memory_stats starts ag
   CHECK(locus::memory_stats<locus::cpu>().peak_allocated_bytes == base);
 }
 
-TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and caches nothing") {
+TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and caches nothing below 64 KiB") {
   const auto before = locus::memory_stats<locus::cpu>();
   {
     auto a = locus::empty<float, locus::cpu>({1});     // 4 bytes: 64
@@ -50,13 +50,208 @@ TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and c
     auto d = locus::empty<float, locus::cpu>({4000});  // 16000: 16000
     const auto s = locus::memory_stats<locus::cpu>();
     CHECK(s.allocated_bytes == before.allocated_bytes + 64 + 64 + 128 + 16000);
-    CHECK(s.reserved_bytes == s.allocated_bytes);
+    CHECK(s.reserved_bytes - s.allocated_bytes == before.reserved_bytes - before.allocated_bytes);
     CHECK(s.allocations == before.allocations + 4);
-    CHECK(s.cache_hits == 0);
+    CHECK(s.cache_hits == before.cache_hits);
   }
   const auto after = locus::memory_stats<locus::cpu>();
   CHECK(after.allocated_bytes == before.allocated_bytes);
-  CHECK(after.reserved_bytes == before.allocated_bytes);  // freed, not cached
+  CHECK(after.reserved_bytes == before.reserved_bytes);  // freed, not cached
+}
+
+namespace {
+// Restores the cpu cache's limit and empties it, whatever a test did.
+struct cpu_cache_reset {
+  std::size_t limit = locus::cpu_cache_limit();
+  cpu_cache_reset() { locus::empty_cache<locus::cpu>(); }
+  ~cpu_cache_reset() {
+    locus::set_cpu_cache_limit(limit);
+    locus::empty_cache<locus::cpu>();
+  }
+};
+}  // namespace
+
+TEST_CASE("the cpu allocator keeps freed blocks of 64 KiB and more for the next request of the same size") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  locus::set_cpu_cache_limit(std::size_t{1} << 30);
+  const auto base = a.stats();
+  const std::size_t big = std::size_t{1} << 20;
+  // Make the process's peak at least a few blocks, so that the cache may hold them.
+  { auto w = locus::empty<float, locus::cpu>({static_cast<std::int64_t>(4 * big / sizeof(float))}); }
+  locus::empty_cache<locus::cpu>();
+  const auto s0 = a.stats();
+  CHECK(s0.reserved_bytes == s0.allocated_bytes);
+
+  void* p = a.allocate(big);
+  std::memset(p, 0x5a, big);
+  a.deallocate(p);
+  auto s1 = a.stats();
+  CHECK(s1.allocated_bytes == base.allocated_bytes);
+  CHECK(s1.reserved_bytes == s1.allocated_bytes + big);  // kept
+
+  void* q = a.allocate(big - 10);  // rounds up to the same 64-byte size: the kept block
+  CHECK(q == p);
+  auto s2 = a.stats();
+  CHECK(s2.cache_hits == s1.cache_hits + 1);
+  CHECK(s2.allocations == s1.allocations + 1);  // every request counts, hits too
+  CHECK(s2.reserved_bytes == s2.allocated_bytes);
+  CHECK(s2.allocated_bytes == base.allocated_bytes + big);
+
+  void* r = a.allocate(big + 64);  // another size: a new block
+  CHECK(r != p);
+  CHECK(a.stats().cache_hits == s2.cache_hits);
+  a.deallocate(q);
+  a.deallocate(r);
+  CHECK(a.stats().reserved_bytes == base.allocated_bytes + 2 * big + 64);
+  locus::empty_cache<locus::cpu>();
+  CHECK(a.stats().reserved_bytes == a.stats().allocated_bytes);
+  CHECK(a.stats().allocated_bytes == base.allocated_bytes);
+}
+
+TEST_CASE("a tensor made in a kept block starts as its factory says, not as the last user left it") {
+  cpu_cache_reset reset;
+  const std::int64_t n = std::int64_t{1} << 18;  // 1 MiB of floats
+  {
+    auto junk = locus::full<float, locus::cpu>({n}, std::numeric_limits<float>::quiet_NaN());
+  }
+  const auto hits = locus::memory_stats<locus::cpu>().cache_hits;
+  auto z = locus::zeros<float, locus::cpu>({n});
+  CHECK(locus::memory_stats<locus::cpu>().cache_hits == hits + 1);
+  auto zh = z.data();
+  std::int64_t nonzero = 0;
+  for (std::int64_t i = 0; i < n; ++i) nonzero += zh[i] != 0.0f;
+  CHECK(nonzero == 0);
+}
+
+TEST_CASE("the cpu cache: a freed block that does not fit pushes out the blocks kept longest") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  const std::size_t big = std::size_t{1} << 20;
+  { auto w = locus::empty<float, locus::cpu>({static_cast<std::int64_t>(8 * big / sizeof(float))}); }
+  locus::empty_cache<locus::cpu>();
+  locus::set_cpu_cache_limit(3 * big);
+  void* p1 = a.allocate(big);
+  void* p2 = a.allocate(big + 64);
+  void* p3 = a.allocate(2 * big);
+  a.deallocate(p1);  // kept: 1 MiB
+  a.deallocate(p2);  // kept: 2 MiB + 64 B
+  a.deallocate(p3);  // 2 MiB more does not fit: p1 and then p2 go, p3 is kept
+  const auto s = a.stats();
+  CHECK(s.reserved_bytes - s.allocated_bytes == 2 * big);
+  const auto hits = s.cache_hits;
+  void* q3 = a.allocate(2 * big);
+  CHECK(q3 == p3);
+  CHECK(a.stats().cache_hits == hits + 1);
+  void* q1 = a.allocate(big);
+  CHECK(a.stats().cache_hits == hits + 1);  // given back: a new block
+  a.deallocate(q1);
+  a.deallocate(q3);
+  // A block larger than the whole limit is never kept, and pushes nothing out.
+  const auto before = a.stats();
+  a.deallocate(a.allocate(4 * big));
+  CHECK(a.stats().reserved_bytes == before.reserved_bytes);
+}
+
+TEST_CASE("the cpu cache: its limit, 0 to turn it off, and lowering it gives back what is over") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  const std::size_t big = std::size_t{1} << 20;
+  { auto w = locus::empty<float, locus::cpu>({static_cast<std::int64_t>(8 * big / sizeof(float))}); }
+  locus::empty_cache<locus::cpu>();
+  const auto base = a.stats();
+
+  locus::set_cpu_cache_limit(0);
+  CHECK(locus::cpu_cache_limit() == 0);
+  a.deallocate(a.allocate(big));
+  CHECK(a.stats().reserved_bytes == base.reserved_bytes);  // off: given back at once
+  CHECK(a.stats().cache_hits == base.cache_hits);
+
+  locus::set_cpu_cache_limit(2 * big + big / 2);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(a.allocate(big));
+  for (void* p : blocks) a.deallocate(p);
+  CHECK(a.stats().reserved_bytes == base.reserved_bytes + 2 * big);  // the third was over the limit
+
+  locus::set_cpu_cache_limit(big);
+  CHECK(a.stats().reserved_bytes == base.reserved_bytes + big);
+  locus::set_cpu_cache_limit(0);
+  CHECK(a.stats().reserved_bytes == base.reserved_bytes);
+}
+
+TEST_CASE("the cpu cache under a memory limit: kept blocks give way, and a fault still fires on a hit") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  const std::size_t big = std::size_t{1} << 20;
+  { auto w = locus::empty<float, locus::cpu>({static_cast<std::int64_t>(8 * big / sizeof(float))}); }
+  locus::empty_cache<locus::cpu>();
+  const auto base = a.stats();
+  a.deallocate(a.allocate(2 * big));
+  CHECK(a.stats().reserved_bytes == base.reserved_bytes + 2 * big);
+  // Room for 3 MiB more of tensors: a 3 MiB request does not fit beside the kept 2 MiB.
+  locus::set_memory_limit<locus::cpu>(base.allocated_bytes + 3 * big);
+  void* p = a.allocate(3 * big);
+  const auto s = a.stats();
+  CHECK(s.reserved_bytes == s.allocated_bytes);  // the kept block was given back first
+  CHECK(s.reserved_bytes <= base.allocated_bytes + 3 * big);
+  a.deallocate(p);
+  locus::set_memory_limit<locus::cpu>(std::numeric_limits<std::size_t>::max());
+
+  // A request the cache would serve still counts for fault injection.
+  a.deallocate(a.allocate(big));
+  const auto before = a.stats();
+  locus::fault::fail_allocation(1);
+  CHECK_THROWS_AS((void)a.allocate(big), locus::out_of_memory);
+  CHECK(locus::fault::fired());
+  CHECK(a.stats().reserved_bytes == before.reserved_bytes);  // the kept block is still kept
+  CHECK(a.stats().allocated_bytes == before.allocated_bytes);
+  void* q = a.allocate(big);
+  CHECK(a.stats().cache_hits == before.cache_hits + 1);
+  a.deallocate(q);
+}
+
+#ifdef LOCUS_HOST_CACHE_ASAN
+TEST_CASE("under AddressSanitizer a kept block is poisoned until it is handed out again") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  const std::size_t big = std::size_t{1} << 20;
+  { auto w = locus::empty<float, locus::cpu>({static_cast<std::int64_t>(4 * big / sizeof(float))}); }
+  auto* p = static_cast<unsigned char*>(a.allocate(big));
+  a.deallocate(p);
+  CHECK(__asan_address_is_poisoned(p));
+  CHECK(__asan_address_is_poisoned(p + big - 1));
+  auto* q = static_cast<unsigned char*>(a.allocate(big));
+  REQUIRE(q == p);
+  CHECK_FALSE(__asan_address_is_poisoned(q));
+  CHECK_FALSE(__asan_address_is_poisoned(q + big - 1));
+  a.deallocate(q);
+}
+#endif
+
+TEST_CASE("the cpu cache from several threads: every block back, the statistics add up") {
+  cpu_cache_reset reset;
+  auto& a = locus::detail::allocator_for<locus::cpu>();
+  { auto w = locus::empty<float, locus::cpu>({std::int64_t{1} << 22}); }
+  locus::empty_cache<locus::cpu>();
+  const auto base = a.stats();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&a, t] {
+      for (int i = 0; i < 500; ++i) {
+        const std::size_t bytes = (std::size_t{64} << 10) * static_cast<std::size_t>(1 + (i + t) % 3);
+        auto* p = static_cast<unsigned char*>(a.allocate(bytes));
+        p[0] = 1;
+        p[bytes - 1] = 2;
+        a.deallocate(p);
+      }
+    });
+  for (auto& th : threads) th.join();
+  const auto s = a.stats();
+  CHECK(s.allocated_bytes == base.allocated_bytes);
+  CHECK(s.allocations == base.allocations + 2000);
+  CHECK(s.cache_hits > base.cache_hits);
+  CHECK(s.reserved_bytes >= s.allocated_bytes);
+  CHECK(s.reserved_bytes - s.allocated_bytes <= 4 * 3 * (std::size_t{64} << 10));
 }
 
 TEST_CASE("the cpu allocator: 64-byte aligned data, a request too large to round is out_of_memory") {

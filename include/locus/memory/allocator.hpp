@@ -197,6 +197,14 @@ void set_memory_limit(std::size_t bytes) {
   detail::allocator_for<D>().set_limit(bytes);
 }
 
+/// The most bytes the cpu allocator keeps of freed blocks of 64 KiB and more for reuse
+/// by a request of the same size (default 1 GiB; never more than the process's peak of
+/// allocated bytes). 0 turns the cache off; lowering the limit gives back what is over.
+/// empty_cache<cpu>() gives back everything kept.
+inline void set_cpu_cache_limit(std::size_t bytes) noexcept { detail::allocator_for<cpu>().set_cache_limit(bytes); }
+/// The cpu allocator's cache limit (set_cpu_cache_limit).
+[[nodiscard]] inline std::size_t cpu_cache_limit() noexcept { return detail::allocator_for<cpu>().cache_limit(); }
+
 /// Starts a new peak: peak_allocated_bytes becomes the current allocated_bytes.
 template <Device D>
 void reset_peak_memory_stats() {

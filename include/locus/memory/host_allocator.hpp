@@ -1,6 +1,7 @@
 // The host side of locus's allocators: memory_statistics (what an allocator holds),
 // the fault injector's allocation hook, and host_allocator, the counting and capped
-// allocator of `cpu` tensors (pageable memory, no cache: malloc has one). The caching
+// allocator of `cpu` tensors (pageable memory; blocks of 64 KiB and more are kept for reuse
+// of the same size, smaller ones go back to malloc). The caching
 // allocator of pinned and cuda memory is memory/caching_allocator.hpp; the per-device
 // instances and locus::memory_stats<D>() are memory/allocator.hpp.
 #pragma once
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +21,17 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#  define LOCUS_HOST_CACHE_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define LOCUS_HOST_CACHE_ASAN 1
+#  endif
+#endif
+#ifdef LOCUS_HOST_CACHE_ASAN
+#  include <sanitizer/asan_interface.h>
+#endif
 
 #include "../core/config.hpp"
 #include "../core/device.hpp"
@@ -123,29 +136,66 @@ inline void* aligned_host_alloc(std::size_t bytes) noexcept {
   return std::aligned_alloc(host_alignment, round_up(bytes, host_alignment));
 }
 
-/// Pageable host memory: no cache (malloc already has one), but counted and capped.
-/// Each block carries its size in a 64-byte header in front of the data (the data
-/// stays 64-byte aligned), so freeing needs no lookup table.
+/// Pageable host memory, counted and capped. Each block carries its size in a 64-byte
+/// header in front of the data (the data stays 64-byte aligned), so freeing needs no
+/// lookup table.
+///
+/// Blocks below `cache_min_bytes` go straight back to malloc, whose own bins serve them
+/// well. Larger blocks are kept on free, by exact size, and handed to the next request of
+/// that size: glibc serves such blocks with mmap and returns them with munmap, so without
+/// this every step re-faults every page of its large activations (a checkpointed
+/// segment, which frees and re-creates them within one step, ran at 1.95x the plain
+/// step's time, bench/RESULTS.md). The cache holds at most `cache_limit()` bytes
+/// (default 1 GiB, set_cache_limit to change it, 0 turns it off) and never more than
+/// the program's peak of allocated bytes, so `reserved` stays within twice the peak;
+/// when a freed block does not fit, the blocks kept longest go back to the system first.
+/// A request the system refuses first releases the cache and tries again;
+/// `empty_cache()` releases it on demand. Under AddressSanitizer a kept block is poisoned
+/// until it is handed out again, so a use after free is still reported. Allocation counts are those of an uncached
+/// allocator: every request is an allocation; hits are also counted in `cache_hits`.
 class host_allocator {
  public:
   static constexpr std::string_view device_name = "cpu";
+  static constexpr std::size_t cache_min_bytes = std::size_t{64} << 10;
 
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     std::lock_guard lock(mutex_);
-    if (fault::inject()) throw out_of_memory(device_name, bytes, allocated_, allocated_, limit_, "injected fault");
+    if (fault::inject()) throw out_of_memory(device_name, bytes, allocated_, reserved(), limit_, "injected fault");
     // A request within two alignments of SIZE_MAX cannot be rounded up, let alone met.
     if (bytes > std::numeric_limits<std::size_t>::max() - 2 * host_alignment)
-      throw out_of_memory(device_name, bytes, allocated_, allocated_, limit_, "the system refused");
+      throw out_of_memory(device_name, bytes, allocated_, reserved(), limit_, "the system refused");
     const std::size_t size = round_up(bytes, host_alignment);
     if (size > limit_ || allocated_ > limit_ - size)
-      throw out_of_memory(device_name, size, allocated_, allocated_, limit_, "memory limit");
-    auto* block = static_cast<unsigned char*>(aligned_host_alloc(size + host_alignment));
-    if (!block) throw out_of_memory(device_name, size, allocated_, allocated_, limit_, "the system refused");
-    *reinterpret_cast<std::size_t*>(block) = size;
+      throw out_of_memory(device_name, size, allocated_, reserved(), limit_, "memory limit");
+    unsigned char* block = nullptr;
+    if (size >= cache_min_bytes) {
+      auto it = by_size_.find(size);
+      if (it != by_size_.end()) {
+        block = it->second->second;
+        kept_.erase(it->second);
+        by_size_.erase(it);
+        unpoison(block, size);
+        cached_ -= size;
+        ++cache_hits_;
+      }
+    }
+    if (!block) {
+      // Memory kept for other sizes counts against a limit set by the user.
+      if (cached_ > 0 && limit_ != std::numeric_limits<std::size_t>::max() && cached_ > limit_ - allocated_ - size)
+        release_cache();
+      block = static_cast<unsigned char*>(aligned_host_alloc(size + host_alignment));
+      if (!block && cached_ > 0) {
+        release_cache();
+        block = static_cast<unsigned char*>(aligned_host_alloc(size + host_alignment));
+      }
+      if (!block) throw out_of_memory(device_name, size, allocated_, reserved(), limit_, "the system refused");
+      *reinterpret_cast<std::size_t*>(block) = size;
+    }
     allocated_ += size;
     ++allocations_;
     if (allocated_ > peak_) peak_ = allocated_;
+    if (allocated_ > lifetime_peak_) lifetime_peak_ = allocated_;
     return block + host_alignment;
   }
 
@@ -153,22 +203,46 @@ class host_allocator {
     if (!p) return;
     auto* block = static_cast<unsigned char*>(p) - host_alignment;
     const std::size_t size = *reinterpret_cast<const std::size_t*>(block);
+    {
+      std::lock_guard lock(mutex_);
+      allocated_ -= size;
+      const std::size_t cap = std::min(cache_limit_, lifetime_peak_);
+      if (size >= cache_min_bytes && size <= cap) {
+        while (cached_ + size > cap) drop_oldest();  // the newest sizes are the likeliest asked for
+        try {
+          kept_.emplace_front(size, block);
+          try {
+            by_size_.emplace(size, kept_.begin());
+          } catch (...) {
+            kept_.pop_front();
+            throw;
+          }
+          cached_ += size;
+          poison(block, size);
+          return;
+        } catch (...) {  // no node for the lists: give the block back instead
+        }
+      }
+    }
     std::free(block);
-    std::lock_guard lock(mutex_);
-    allocated_ -= size;
   }
 
   memory_statistics stats() {
     std::lock_guard lock(mutex_);
     memory_statistics s;
     s.allocated_bytes = allocated_;
-    s.reserved_bytes = allocated_;
+    s.reserved_bytes = reserved();
     s.peak_allocated_bytes = peak_;
     s.allocations = allocations_;
+    s.cache_hits = cache_hits_;
     s.limit_bytes = limit_;
     return s;
   }
-  void empty_cache() noexcept {}
+  /// Gives every kept block back to the system.
+  void empty_cache() noexcept {
+    std::lock_guard lock(mutex_);
+    release_cache();
+  }
   void set_limit(std::size_t bytes) {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
@@ -177,11 +251,66 @@ class host_allocator {
     std::lock_guard lock(mutex_);
     peak_ = allocated_;
   }
+  /// The most bytes kept for reuse; lowering it gives back what is over.
+  void set_cache_limit(std::size_t bytes) noexcept {
+    std::lock_guard lock(mutex_);
+    cache_limit_ = bytes;
+    while (cached_ > cache_limit_) drop_oldest();
+  }
+  [[nodiscard]] std::size_t cache_limit() noexcept {
+    std::lock_guard lock(mutex_);
+    return cache_limit_;
+  }
+
+  host_allocator() = default;
+  host_allocator(const host_allocator&) = delete;
+  host_allocator& operator=(const host_allocator&) = delete;
+  ~host_allocator() { release_cache(); }
 
  private:
+  std::size_t reserved() const noexcept { return allocated_ + cached_; }
+  // Gives the least recently kept block back to the system.
+  void drop_oldest() noexcept {
+    auto last = std::prev(kept_.end());
+    auto [lo, hi] = by_size_.equal_range(last->first);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second == last) {
+        by_size_.erase(it);
+        break;
+      }
+    cached_ -= last->first;
+    unpoison(last->second, last->first);
+    std::free(last->second);
+    kept_.erase(last);
+  }
+  // The header stays readable (it holds the size); the data is off limits while kept.
+  static void poison([[maybe_unused]] unsigned char* block, [[maybe_unused]] std::size_t size) noexcept {
+#ifdef LOCUS_HOST_CACHE_ASAN
+    ASAN_POISON_MEMORY_REGION(block + host_alignment, size);
+#endif
+  }
+  static void unpoison([[maybe_unused]] unsigned char* block, [[maybe_unused]] std::size_t size) noexcept {
+#ifdef LOCUS_HOST_CACHE_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(block + host_alignment, size);
+#endif
+  }
+  void release_cache() noexcept {
+    for (auto& [size, block] : kept_) {
+      unpoison(block, size);
+      std::free(block);
+    }
+    kept_.clear();
+    by_size_.clear();
+    cached_ = 0;
+  }
+
   std::mutex mutex_;
-  std::size_t allocated_ = 0, peak_ = 0, allocations_ = 0;
+  using kept_list = std::list<std::pair<std::size_t, unsigned char*>>;
+  kept_list kept_;                                          // kept blocks, the newest first
+  std::multimap<std::size_t, kept_list::iterator> by_size_;  // the same blocks by size
+  std::size_t allocated_ = 0, peak_ = 0, lifetime_peak_ = 0, allocations_ = 0, cache_hits_ = 0, cached_ = 0;
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
+  std::size_t cache_limit_ = std::size_t{1} << 30;
 };
 
 }  // namespace detail
