@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -16,6 +18,9 @@
 
 #include <locus/ag/attention.hpp>
 #include <locus/locus.hpp>
+#if defined(LOCUS_HAS_JSON) && LOCUS_HAS_JSON
+#include <locus/io/safetensors.hpp>
+#endif
 
 namespace {
 
@@ -312,4 +317,55 @@ TEST_CASE("scaled_dot_product_attention: the extra memory of forward and backwar
     CHECK(peak - tensors <= 4.0 * static_cast<double>(n) * sizeof(float) + 4096);
   }
   CHECK(extra[2] <= 4.5 * extra[1]);  // 4x the length: about 4x the memory, not 16x
+}
+
+// Not part of the host suite's run (doctest::skip(): it needs a file a Python script
+// writes): the CTest "interop: scaled dot-product attention against PyTorch (forward and
+// backward)" runs tests/python/attention_torch.py, then this case with --no-skip.
+TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention, forward and backward" * doctest::skip()) {
+#if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
+  FAIL("reading the PyTorch file needs locus/io/safetensors.hpp, which needs nlohmann-json");
+#else
+  const char* env = std::getenv("LOCUS_ATTENTION_TORCH_FILE");
+  if (env == nullptr || *env == '\0')
+    FAIL("LOCUS_ATTENTION_TORCH_FILE is not set (tests/python/attention_torch.py FILE writes it)");
+  const std::filesystem::path file = env;
+  if (!std::filesystem::exists(file)) FAIL("LOCUS_ATTENTION_TORCH_FILE names " << file << ", which does not exist");
+  const auto a = locus::io::load<D>(file);
+  struct named {
+    const char* name;
+    bool causal;
+    double scale;
+  };
+  // The cases of tests/python/attention_torch.py, with their options.
+  const named cases[] = {{"plain", false, 0},          {"causal", true, 0},   {"causal_long_keys", true, 0},
+                         {"causal_short_keys", true, 0}, {"scaled", false, 0.3}, {"one_head_64", true, 0}};
+  for (const auto& c : cases) {
+    SUBCASE(c.name) {
+      const std::string n = c.name;
+      REQUIRE_MESSAGE(a.contains(n + ".q"), "the file has no case " << n);
+      const auto q = a.template get<double, 4>(n + ".q");
+      const auto k = a.template get<double, 4>(n + ".k");
+      const auto v = a.template get<double, 4>(n + ".v");
+      const auto gy = a.template get<double, 4>(n + ".gy");
+      ag::tape<double, D> t;
+      const auto lq = t.leaf(q), lk = t.leaf(k), lv = t.leaf(v);
+      const auto y = ag::scaled_dot_product_attention(lq, lk, lv, {.causal = c.causal, .scale = c.scale});
+      t.backward(ag::sum(y * t.constant(gy)));
+      const auto compare = [&](const std::string& key, const double* got, index_t count) {
+        const auto want = a.template flat<double>(n + "." + key);
+        REQUIRE(want.numel() == count);
+        const double* w = want.data_handle();
+        double worst = 0;
+        for (index_t i = 0; i < count; ++i) worst = std::max(worst, std::abs(got[i] - w[i]) / (1.0 + std::abs(w[i])));
+        INFO(n << "." << key << ": largest difference from PyTorch " << worst);
+        CHECK(worst < 1e-12);
+      };
+      compare("y", y.value().data_handle(), y.numel());
+      compare("gq", t.grad(lq).data_handle(), q.numel());
+      compare("gk", t.grad(lk).data_handle(), k.numel());
+      compare("gv", t.grad(lv).data_handle(), v.numel());
+    }
+  }
+#endif
 }

@@ -30,6 +30,15 @@
 
 #include "ops.hpp"
 
+// The kernels' dot products as vector reductions on the host (lane-wise partial sums in a
+// fixed order: the same bits on every run of one build); a plain loop on the device.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#  define LOCUS_ATTENTION_PRAGMA(x) _Pragma(#x)
+#  define LOCUS_ATTENTION_SUM(v) LOCUS_ATTENTION_PRAGMA(omp simd reduction(+ : v))
+#else
+#  define LOCUS_ATTENTION_SUM(v)
+#endif
+
 namespace locus::ag {
 
 /// Options of scaled_dot_product_attention.
@@ -76,6 +85,7 @@ struct attention_forward_rows {
       for (index_t jj = 0; jj < nb; ++jj) {
         const T* kr = kb + (j0 + jj) * e;
         C dot(0);
+        LOCUS_ATTENTION_SUM(dot)
         for (index_t d = 0; d < e; ++d) dot += qs[d] * ::locus::detail::load(kr[d]);
         s[jj] = dot;
         bm = dot > bm ? dot : bm;
@@ -109,6 +119,7 @@ struct attention_delta_rows {
   index_t ev;
   LOCUS_HOST_DEVICE void operator()(index_t r) const {
     C s(0);
+    LOCUS_ATTENTION_SUM(s)
     for (index_t d = 0; d < ev; ++d) s += ::locus::detail::load(g[r * ev + d]) * ::locus::detail::load(o[r * ev + d]);
     delta[r] = s;
   }
@@ -142,7 +153,9 @@ struct attention_dq_rows {
       const T* kr = kb + j * e;
       const T* vr = vb + j * ev;
       C s(0), dp(0);
+      LOCUS_ATTENTION_SUM(s)
       for (index_t d = 0; d < e; ++d) s += qs[d] * ::locus::detail::load(kr[d]);
+      LOCUS_ATTENTION_SUM(dp)
       for (index_t d = 0; d < ev; ++d) dp += gs[d] * ::locus::detail::load(vr[d]);
       const C ds = ::locus::detail::m_exp(s - li) * (dp - di);
       for (index_t d = 0; d < e; ++d) acc[d] += ds * ::locus::detail::load(kr[d]);
@@ -187,7 +200,9 @@ struct attention_dkv_rows {
       const T* qr = qb + i * e;
       const T* gr = gb + i * ev;
       C s(0), dp(0);
+      LOCUS_ATTENTION_SUM(s)
       for (index_t d = 0; d < e; ++d) s += ks[d] * ::locus::detail::load(qr[d]);
+      LOCUS_ATTENTION_SUM(dp)
       for (index_t d = 0; d < ev; ++d) dp += vs[d] * ::locus::detail::load(gr[d]);
       const C p = ::locus::detail::m_exp(s - lb[i]);
       const C ds = p * (dp - db[i]);
@@ -346,3 +361,6 @@ var<T, D, 4> scaled_dot_product_attention(const var<T, D, 4>& q, const var<T, D,
 }
 
 }  // namespace locus::ag
+
+#undef LOCUS_ATTENTION_SUM
+#undef LOCUS_ATTENTION_PRAGMA

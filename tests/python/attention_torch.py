@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Writes what PyTorch's torch.nn.functional.scaled_dot_product_attention computes, for
+tests/test_attention.cpp to compare against (the CTest "interop: scaled dot-product
+attention against PyTorch (forward and backward)").
+
+    attention_torch.py OUTFILE
+
+In float64, with a fixed seed, the file (safetensors) holds for case CASE:
+
+    CASE.q, CASE.k, CASE.v    the inputs [B, H, Tq, E], [B, H, Tk, E], [B, H, Tk, Ev]
+    CASE.gy                   a random upstream gradient of the output's shape
+    CASE.y                    the output
+    CASE.gq, CASE.gk, CASE.gv dL/dq, dL/dk, dL/dv for L = sum(y * gy), by autograd
+
+The case names and their options (causal, scale) are read by the C++ test: keep them in
+step with the table there. Exit 77 (CTest: skipped) without torch or safetensors."""
+import os
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
+except ImportError as e:
+    print(f"SKIPPED: this Python lacks PyTorch or safetensors ({e}); bench/run installs torch in "
+          "~/.cache/locus-bench-venv")
+    sys.exit(77)
+
+if len(sys.argv) != 2:
+    print("usage: attention_torch.py OUTFILE", file=sys.stderr)
+    sys.exit(2)
+
+torch.manual_seed(20261206)
+torch.set_default_dtype(torch.float64)
+
+# name: (B, H, Tq, Tk, E, Ev, causal, scale or None)
+cases = {
+    "plain": (2, 3, 5, 5, 8, 8, False, None),
+    "causal": (2, 4, 17, 17, 8, 8, True, None),
+    "causal_long_keys": (1, 2, 40, 70, 16, 16, True, None),
+    "causal_short_keys": (1, 2, 9, 4, 4, 6, True, None),
+    "scaled": (1, 1, 33, 33, 32, 16, False, 0.3),
+    "one_head_64": (1, 1, 64, 64, 64, 64, True, None),
+}
+
+out = {}
+for name, (b, h, tq, tk, e, ev, causal, scale) in cases.items():
+    q = torch.randn(b, h, tq, e, requires_grad=True)
+    k = torch.randn(b, h, tk, e, requires_grad=True)
+    v = torch.randn(b, h, tk, ev, requires_grad=True)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    gy = torch.randn(*y.shape)
+    (y * gy).sum().backward()
+    for key, t in (("q", q), ("k", k), ("v", v), ("gy", gy), ("y", y), ("gq", q.grad), ("gk", k.grad), ("gv", v.grad)):
+        out[f"{name}.{key}"] = t.detach().clone().contiguous()
+
+assert all(v.dtype == torch.float64 for v in out.values())
+path = sys.argv[1]
+os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+save_file(out, path, metadata={"writer": "tests/python/attention_torch.py", "torch": torch.__version__})
+print(f"wrote {len(cases)} cases ({len(out)} tensors, torch {torch.__version__}) to {path}")
