@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <locus/ag/attention.hpp>
@@ -322,7 +323,8 @@ TEST_CASE("scaled_dot_product_attention: the extra memory of forward and backwar
 // Not part of the host suite's run (doctest::skip(): it needs a file a Python script
 // writes): the CTest "interop: scaled dot-product attention against PyTorch (forward and
 // backward)" runs tests/python/attention_torch.py, then this case with --no-skip.
-TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention, forward and backward" * doctest::skip()) {
+TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention and rms_norm, forward and backward" *
+          doctest::skip()) {
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
   FAIL("reading the PyTorch file needs locus/io/safetensors.hpp, which needs nlohmann-json");
 #else
@@ -367,5 +369,102 @@ TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention, forwar
       compare("gv", t.grad(lv).data_handle(), v.numel());
     }
   }
+  SUBCASE("rms_norm") {
+    const auto x = a.template get<double, 3>("rms_norm.x");
+    const auto w = a.template get<double, 1>("rms_norm.w");
+    const auto gy = a.template get<double, 3>("rms_norm.gy");
+    ag::tape<double, D> t;
+    const auto lx = t.leaf(x);
+    const auto lw = t.leaf(w);
+    const auto y = ag::rms_norm(lx, lw, 1e-5);
+    t.backward(ag::sum(y * t.constant(gy)));
+    const std::pair<const char*, const double*> got[] = {
+        {"y", y.value().data_handle()}, {"gx", t.grad(lx).data_handle()}, {"gw", t.grad(lw).data_handle()}};
+    for (const auto& [key, p] : got) {
+      const auto want = a.template flat<double>(std::string("rms_norm.") + key);
+      double worst = 0;
+      for (index_t i = 0; i < want.numel(); ++i)
+        worst = std::max(worst, std::abs(p[i] - want.data_handle()[i]) / (1.0 + std::abs(want.data_handle()[i])));
+      INFO("rms_norm." << key << ": largest difference from PyTorch " << worst);
+      CHECK(worst < 1e-12);
+    }
+  }
 #endif
+}
+
+// ---- ag::rms_norm (ag/norm.hpp) ------------------------------------------------------------
+
+TEST_CASE("rms_norm: forward against f64 loops, gradients of x and the gain against finite differences") {
+  for (const index_t cols : {index_t{1}, index_t{5}, index_t{33}}) {
+    CAPTURE(cols);
+    locus::tensor<double, D, 3> x({2, 3, cols});
+    locus::tensor<double, D, 1> w({cols});
+    std::mt19937 g(7);
+    std::uniform_real_distribution<double> u(-2.0, 2.0);
+    for (index_t i = 0; i < x.numel(); ++i) x.data_handle()[i] = u(g);
+    for (index_t i = 0; i < cols; ++i) w.data_handle()[i] = u(g);
+    locus::tensor<double, D, 3> gy({2, 3, cols});
+    for (index_t i = 0; i < gy.numel(); ++i) gy.data_handle()[i] = u(g);
+    const double eps = 1e-5;
+    for (const bool gain : {false, true}) {
+      CAPTURE(gain);
+      const auto f = [&](ag::tape<double, D>& t, const ag::var<double, D, 3>& lx, const ag::var<double, D, 1>& lw) {
+        const auto y = gain ? ag::rms_norm(lx, lw, eps) : ag::rms_norm(lx, eps);
+        return ag::sum(y * t.constant(gy));
+      };
+      ag::tape<double, D> t;
+      const auto lx = t.leaf(x);
+      const auto lw = t.leaf(w);
+      const auto y = gain ? ag::rms_norm(lx, lw, eps) : ag::rms_norm(lx, eps);
+      for (index_t r = 0; r < 6; ++r) {
+        double ss = 0;
+        for (index_t j = 0; j < cols; ++j) ss += x.data_handle()[r * cols + j] * x.data_handle()[r * cols + j];
+        const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+        for (index_t j = 0; j < cols; ++j) {
+          const double want = x.data_handle()[r * cols + j] * inv * (gain ? w.data_handle()[j] : 1.0);
+          CHECK(std::abs(y.value().data_handle()[r * cols + j] - want) < 1e-14);
+        }
+      }
+      t.backward(ag::sum(y * t.constant(gy)));
+      const auto check = [&](const double* analytic, double* p, index_t n, const char* what) {
+        for (index_t i = 0; i < n; ++i) {
+          const double keep = p[i], h = 1e-6;
+          const auto at = [&] {
+            ag::tape<double, D> v;
+            return f(v, v.constant(x), v.constant(w)).value().data_handle()[0];
+          };
+          p[i] = keep + h;
+          const double up = at();
+          p[i] = keep - h;
+          const double down = at();
+          p[i] = keep;
+          const double numeric = (up - down) / (2 * h);
+          INFO(what << " element " << i << ": backward " << analytic[i] << ", numeric " << numeric);
+          CHECK(std::abs(analytic[i] - numeric) < 1e-7 * std::max(1.0, std::abs(numeric)));
+        }
+      };
+      check(t.grad(lx).data_handle(), x.data_handle(), x.numel(), "x");
+      if (gain) check(t.grad(lw).data_handle(), w.data_handle(), cols, "gain");
+    }
+  }
+}
+
+TEST_CASE("rms_norm: a gain of the wrong length and a bad eps are refused before anything is recorded") {
+  ag::tape<float, D> t;
+  const auto x = locus::ones<float, D>({4, 8});
+  const auto w7 = locus::ones<float, D>({7});
+  const auto lx = t.leaf(x);
+  const auto lw = t.leaf(w7);
+  const std::size_t values = t.values(), ops = t.operations();
+  CHECK_THROWS_WITH_AS(ag::rms_norm(lx, lw, 1e-6),
+                       "locus: ag::rms_norm of x [4, 8] with a gain [7]: the gain must have the last extent of x, [8]",
+                       locus::shape_error);
+  for (double eps : {-1e-6, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
+    CHECK_THROWS_AS(ag::rms_norm(lx, eps), locus::value_error);
+  CHECK(t.values() == values);
+  CHECK(t.operations() == ops);
+  // A row of zeros with eps 0 is 0/0: NaN, as PyTorch gives; with eps > 0 it stays 0.
+  const auto z = locus::zeros<float, D>({1, 4});
+  CHECK(std::isnan(ag::rms_norm(t.constant(z), 0.0).value().data_handle()[0]));
+  CHECK(ag::rms_norm(t.constant(z), 1e-6).value().data_handle()[0] == 0.0f);
 }

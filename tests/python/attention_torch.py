@@ -12,6 +12,9 @@ In float64, with a fixed seed, the file (safetensors) holds for case CASE:
     CASE.y                    the output
     CASE.gq, CASE.gk, CASE.gv dL/dq, dL/dk, dL/dv for L = sum(y * gy), by autograd
 
+and rms_norm.x, .w, .gy, .y, .gx, .gw for torch.nn.functional.rms_norm over the last
+axis with a gain (eps 1e-5).
+
 The case names and their options (causal, scale) are read by the C++ test: keep them in
 step with the table there. Exit 77 (CTest: skipped) without torch or safetensors."""
 import os
@@ -53,6 +56,15 @@ for name, (b, h, tq, tk, e, ev, causal, scale) in cases.items():
     (y * gy).sum().backward()
     for key, t in (("q", q), ("k", k), ("v", v), ("gy", gy), ("y", y), ("gq", q.grad), ("gk", k.grad), ("gv", v.grad)):
         out[f"{name}.{key}"] = t.detach().clone().contiguous()
+
+# RMS normalisation over the last axis, with a gain (nn.RMSNorm's weight), eps 1e-5.
+x = torch.randn(3, 4, 24, requires_grad=True)
+w = (1.0 + 0.5 * torch.randn(24)).requires_grad_(True)
+y = F.rms_norm(x, (24,), w, 1e-5)
+gy = torch.randn(*y.shape)
+(y * gy).sum().backward()
+for key, t in (("x", x), ("w", w), ("gy", gy), ("y", y), ("gx", x.grad), ("gw", w.grad)):
+    out[f"rms_norm.{key}"] = t.detach().clone().contiguous()
 
 assert all(v.dtype == torch.float64 for v in out.values())
 path = sys.argv[1]

@@ -360,6 +360,30 @@ var<T, D, 4> scaled_dot_product_attention(const var<T, D, 4>& q, const var<T, D,
   return out;
 }
 
+// Prevents: attention over values of two devices or dtypes ("no matching function").
+template <class Q, class K, class V>
+  requires(is_var_v<Q> && is_var_v<K> && is_var_v<V> &&
+           !(std::is_same_v<typename Q::value_type, typename K::value_type> &&
+             std::is_same_v<typename Q::value_type, typename V::value_type> &&
+             std::is_same_v<typename Q::device, typename K::device> &&
+             std::is_same_v<typename Q::device, typename V::device>))
+int scaled_dot_product_attention(const Q&, const K&, const V&, attention_options = {}) {
+  if constexpr (detail::check_pair<Q, K>()) (void)detail::check_pair<Q, V>();
+  return 0;
+}
+// Prevents: q, k or v of another rank than 4 ("no matching function").
+template <class Q, class K, class V>
+  requires(is_var_v<Q> && is_var_v<K> && is_var_v<V> && std::is_same_v<typename Q::value_type, typename K::value_type> &&
+           std::is_same_v<typename Q::value_type, typename V::value_type> &&
+           std::is_same_v<typename Q::device, typename K::device> &&
+           std::is_same_v<typename Q::device, typename V::device> && (Q::rank != 4 || K::rank != 4 || V::rank != 4))
+int scaled_dot_product_attention(const Q&, const K&, const V&, attention_options = {}) {
+  static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4,
+                "locus: ag::scaled_dot_product_attention takes rank-4 values q [B, H, Tq, E], k [B, H, Tk, E] and "
+                "v [B, H, Tk, Ev]; split the heads first: ag::transpose(ag::reshape(x, {B, T, H, E}), 1, 2)");
+  return 0;
+}
+
 }  // namespace locus::ag
 
 #undef LOCUS_ATTENTION_SUM
