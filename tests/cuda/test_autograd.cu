@@ -1,6 +1,7 @@
-// CUDA suite: the tape's layout operations (ag/shapes.hpp) and nn::param on cuda give
-// the gradients the host tape gives for the same inputs (the host ones are checked
-// against f64 finite differences in tests/test_autograd_shapes.cpp and test_param.cpp).
+// CUDA suite: the tape's layout operations (ag/shapes.hpp), attention and rms_norm
+// (ag/attention.hpp, ag/norm.hpp) and nn::param on cuda give the gradients the host tape
+// gives for the same inputs (the host ones are checked against f64 finite differences in
+// tests/test_autograd_shapes.cpp, test_attention.cpp and test_param.cpp).
 // Skipped, and reported so, without a GPU.
 #include <doctest/doctest.h>
 
@@ -69,4 +70,37 @@ TEST_CASE("ag layout operations and nn::param on cuda give the gradients of the 
   const auto cp = param_grad<locus::cuda>(x, gy);
   REQUIRE(hp.size() == cp.size());
   for (std::size_t i = 0; i < hp.size(); ++i) CHECK(cp[i] == doctest::Approx(hp[i]).epsilon(1e-5).scale(1.0));
+}
+
+namespace {
+/// Output and the three gradients of causal attention followed by rms_norm, on D.
+template <class D>
+std::vector<float> attention_grads(const locus::tensor<float, locus::cpu, 4>& q_host,
+                                   const locus::tensor<float, locus::cpu, 4>& k_host,
+                                   const locus::tensor<float, locus::cpu, 4>& v_host) {
+  const auto q = locus::to<D>(q_host), k = locus::to<D>(k_host), v = locus::to<D>(v_host);
+  ag::tape<float, D> t;
+  const auto lq = t.leaf(q), lk = t.leaf(k), lv = t.leaf(v);
+  const auto o = ag::rms_norm(ag::scaled_dot_product_attention(lq, lk, lv, {.causal = true}), 1e-5);
+  t.backward(ag::sum(o * o * o));
+  std::vector<float> out;
+  for (const auto* x : {&lq, &lk, &lv}) {
+    const auto g = locus::to<locus::cpu>(t.grad(*x));
+    out.insert(out.end(), g.data_handle(), g.data_handle() + g.numel());
+  }
+  const auto y = locus::to<locus::cpu>(o.value());
+  out.insert(out.end(), y.data_handle(), y.data_handle() + y.numel());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("attention and rms_norm on cuda give what the host tape gives") {
+  // 70 keys: past the kernel's block of 32; 2 x 3 heads.
+  const auto q = locus::randn<float, locus::cpu>({2, 3, 50, 16}, 3);
+  const auto k = locus::randn<float, locus::cpu>({2, 3, 70, 16}, 4);
+  const auto v = locus::randn<float, locus::cpu>({2, 3, 70, 8}, 5);
+  const auto h = attention_grads<locus::cpu>(q, k, v);
+  const auto c = attention_grads<locus::cuda>(q, k, v);
+  REQUIRE(h.size() == c.size());
+  for (std::size_t i = 0; i < h.size(); ++i) CHECK(c[i] == doctest::Approx(h[i]).epsilon(1e-4).scale(1.0));
 }
