@@ -1,4 +1,5 @@
-// Host suite: ag::scaled_dot_product_attention (ag/attention.hpp). Forwards against a
+// Host suite: ag::scaled_dot_product_attention (ag/attention.hpp), and ag::rms_norm and
+// ag::layer_norm (ag/norm.hpp) at the end. Forwards against a
 // direct f64 computation here (the T x T scores, the masked softmax, the weighted sum,
 // by index loops); every gradient against central finite differences in f64 of the
 // forward alone, with and without the causal mask, Tq != Tk, several head counts and key
@@ -323,7 +324,7 @@ TEST_CASE("scaled_dot_product_attention: the extra memory of forward and backwar
 // Not part of the host suite's run (doctest::skip(): it needs a file a Python script
 // writes): the CTest "interop: scaled dot-product attention against PyTorch (forward and
 // backward)" runs tests/python/attention_torch.py, then this case with --no-skip.
-TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention and rms_norm, forward and backward" *
+TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention, rms_norm, layer_norm, forward and backward" *
           doctest::skip()) {
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
   FAIL("reading the PyTorch file needs locus/io/safetensors.hpp, which needs nlohmann-json");
@@ -386,6 +387,30 @@ TEST_CASE("Attention equals PyTorch in f64: scaled_dot_product_attention and rms
       for (index_t i = 0; i < want.numel(); ++i)
         worst = std::max(worst, std::abs(p[i] - want.data_handle()[i]) / (1.0 + std::abs(want.data_handle()[i])));
       INFO("rms_norm." << key << ": largest difference from PyTorch " << worst);
+      CHECK(worst < 1e-12);
+    }
+  }
+  SUBCASE("layer_norm") {
+    const auto x = a.template get<double, 3>("layer_norm.x");
+    const auto w = a.template get<double, 1>("layer_norm.w");
+    const auto b = a.template get<double, 1>("layer_norm.b");
+    const auto gy = a.template get<double, 3>("layer_norm.gy");
+    ag::tape<double, D> t;
+    const auto lx = t.leaf(x);
+    const auto lw = t.leaf(w);
+    const auto lb = t.leaf(b);
+    const auto y = ag::layer_norm(lx, lw, lb, 1e-5);
+    t.backward(ag::sum(y * t.constant(gy)));
+    const std::pair<const char*, const double*> got[] = {{"y", y.value().data_handle()},
+                                                         {"gx", t.grad(lx).data_handle()},
+                                                         {"gw", t.grad(lw).data_handle()},
+                                                         {"gb", t.grad(lb).data_handle()}};
+    for (const auto& [key, p] : got) {
+      const auto want = a.template flat<double>(std::string("layer_norm.") + key);
+      double worst = 0;
+      for (index_t i = 0; i < want.numel(); ++i)
+        worst = std::max(worst, std::abs(p[i] - want.data_handle()[i]) / (1.0 + std::abs(want.data_handle()[i])));
+      INFO("layer_norm." << key << ": largest difference from PyTorch " << worst);
       CHECK(worst < 1e-12);
     }
   }
@@ -467,4 +492,92 @@ TEST_CASE("rms_norm: a gain of the wrong length and a bad eps are refused before
   const auto z = locus::zeros<float, D>({1, 4});
   CHECK(std::isnan(ag::rms_norm(t.constant(z), 0.0).value().data_handle()[0]));
   CHECK(ag::rms_norm(t.constant(z), 1e-6).value().data_handle()[0] == 0.0f);
+}
+
+// ---- ag::layer_norm (ag/norm.hpp) ----------------------------------------------------------
+
+TEST_CASE("layer_norm: forward against f64 loops, gradients of x, gain and bias against finite differences") {
+  for (const index_t cols : {index_t{2}, index_t{7}, index_t{40}}) {
+    CAPTURE(cols);
+    std::mt19937 g(9);
+    std::uniform_real_distribution<double> u(-2.0, 2.0);
+    locus::tensor<double, D, 2> x({5, cols}), gy({5, cols});
+    locus::tensor<double, D, 1> w({cols}), b({cols});
+    for (index_t i = 0; i < x.numel(); ++i) x.data_handle()[i] = u(g) + 3.0;  // off centre
+    for (index_t i = 0; i < gy.numel(); ++i) gy.data_handle()[i] = u(g);
+    for (index_t i = 0; i < cols; ++i) {
+      w.data_handle()[i] = u(g);
+      b.data_handle()[i] = u(g);
+    }
+    const double eps = 1e-5;
+    for (const bool affine : {false, true}) {
+      CAPTURE(affine);
+      const auto f = [&](ag::tape<double, D>& t, const ag::var<double, D, 2>& lx, const ag::var<double, D, 1>& lw,
+                         const ag::var<double, D, 1>& lb) {
+        const auto y = affine ? ag::layer_norm(lx, lw, lb, eps) : ag::layer_norm(lx, eps);
+        return ag::sum(y * t.constant(gy));
+      };
+      ag::tape<double, D> t;
+      const auto lx = t.leaf(x);
+      const auto lw = t.leaf(w);
+      const auto lb = t.leaf(b);
+      const auto y = affine ? ag::layer_norm(lx, lw, lb, eps) : ag::layer_norm(lx, eps);
+      for (index_t r = 0; r < 5; ++r) {
+        double m = 0, v = 0;
+        for (index_t j = 0; j < cols; ++j) m += x(r, j) / static_cast<double>(cols);
+        for (index_t j = 0; j < cols; ++j) v += (x(r, j) - m) * (x(r, j) - m) / static_cast<double>(cols);
+        for (index_t j = 0; j < cols; ++j) {
+          const double xh = (x(r, j) - m) / std::sqrt(v + eps);
+          const double want = affine ? xh * w(j) + b(j) : xh;
+          CHECK(std::abs(y.value()(r, j) - want) < 1e-13);
+        }
+      }
+      t.backward(ag::sum(y * t.constant(gy)));
+      const auto check = [&](const double* analytic, double* p, index_t n, const char* what) {
+        for (index_t i = 0; i < n; ++i) {
+          const double keep = p[i], h = 1e-6;
+          const auto at = [&] {
+            ag::tape<double, D> v;
+            return f(v, v.constant(x), v.constant(w), v.constant(b)).value().data_handle()[0];
+          };
+          p[i] = keep + h;
+          const double up = at();
+          p[i] = keep - h;
+          const double down = at();
+          p[i] = keep;
+          const double numeric = (up - down) / (2 * h);
+          INFO(what << " element " << i << ": backward " << analytic[i] << ", numeric " << numeric);
+          CHECK(std::abs(analytic[i] - numeric) < 1e-7 * std::max(1.0, std::abs(numeric)));
+        }
+      };
+      check(t.grad(lx).data_handle(), x.data_handle(), x.numel(), "x");
+      if (affine) {
+        check(t.grad(lw).data_handle(), w.data_handle(), cols, "gain");
+        check(t.grad(lb).data_handle(), b.data_handle(), cols, "bias");
+      }
+    }
+  }
+}
+
+TEST_CASE("layer_norm: a gain or bias of the wrong length and a bad eps are refused, the tape unchanged") {
+  ag::tape<float, D> t;
+  const auto x = locus::ones<float, D>({3, 6});
+  const auto w6 = locus::ones<float, D>({6});
+  const auto w5 = locus::ones<float, D>({5});
+  const auto lx = t.leaf(x);
+  const auto l6 = t.leaf(w6);
+  const auto l5 = t.leaf(w5);
+  const std::size_t values = t.values(), ops = t.operations();
+  CHECK_THROWS_WITH_AS(ag::layer_norm(lx, l5, l6, 1e-5),
+                       "locus: ag::layer_norm of x [3, 6] with a gain [5]: it must have the last extent of x, [6]",
+                       locus::shape_error);
+  CHECK_THROWS_WITH_AS(ag::layer_norm(lx, l6, l5, 1e-5),
+                       "locus: ag::layer_norm of x [3, 6] with a bias [5]: it must have the last extent of x, [6]",
+                       locus::shape_error);
+  CHECK_THROWS_AS(ag::layer_norm(lx, -1.0), locus::value_error);
+  CHECK(t.values() == values);
+  CHECK(t.operations() == ops);
+  // A constant row normalises to 0 with eps > 0 (not NaN).
+  const auto y = ag::layer_norm(lx, 1e-5);
+  CHECK(y.value()(0, 0) == 0.0f);
 }

@@ -13,7 +13,8 @@ In float64, with a fixed seed, the file (safetensors) holds for case CASE:
     CASE.gq, CASE.gk, CASE.gv dL/dq, dL/dk, dL/dv for L = sum(y * gy), by autograd
 
 and rms_norm.x, .w, .gy, .y, .gx, .gw for torch.nn.functional.rms_norm over the last
-axis with a gain (eps 1e-5).
+axis with a gain (eps 1e-5), and layer_norm.x, .w, .b, .gy, .y, .gx, .gw, .gb for
+torch.nn.functional.layer_norm with weight and bias (eps 1e-5).
 
 The case names and their options (causal, scale) are read by the C++ test: keep them in
 step with the table there. Exit 77 (CTest: skipped) without torch or safetensors."""
@@ -65,6 +66,16 @@ gy = torch.randn(*y.shape)
 (y * gy).sum().backward()
 for key, t in (("x", x), ("w", w), ("gy", gy), ("y", y), ("gx", x.grad), ("gw", w.grad)):
     out[f"rms_norm.{key}"] = t.detach().clone().contiguous()
+
+# Layer normalisation over the last axis with weight and bias (nn.LayerNorm's), eps 1e-5.
+x = (torch.randn(3, 5, 20) * 2.0 + 1.5).requires_grad_(True)
+w = (1.0 + 0.5 * torch.randn(20)).requires_grad_(True)
+b = (0.3 * torch.randn(20)).requires_grad_(True)
+y = F.layer_norm(x, (20,), w, b, 1e-5)
+gy = torch.randn(*y.shape)
+(y * gy).sum().backward()
+for key, t in (("x", x), ("w", w), ("b", b), ("gy", gy), ("y", y), ("gx", x.grad), ("gw", w.grad), ("gb", b.grad)):
+    out[f"layer_norm.{key}"] = t.detach().clone().contiguous()
 
 assert all(v.dtype == torch.float64 for v in out.values())
 path = sys.argv[1]
