@@ -253,18 +253,18 @@ struct attention_node final : node<T, D> {
           tk * (e + ev));
     }
     if (wk || wv) {
-      // grad_out for both before the launch: k and v may be one value (self-attention of
-      // one tensor), in which case the second call adds to what the first set up.
+      // One pass for both: thread c writes dk's row c, then dv's row c. When k and v are
+      // one value, the second grad_out returns the same buffer to add to (fresh false),
+      // and the row's two contributions are added in that order, by the same thread.
       T* dk = nullptr;
       T* dv = nullptr;
       bool fk = false, fv = false;
-      const bool same = k == v;
       if (wk) {
         auto [gk, fresh] = t.template grad_out<4>(k, kv.shape());
         dk = gk.data_handle();
         fk = fresh;
       }
-      if (wv && !same) {
+      if (wv) {
         auto [gv, fresh] = t.template grad_out<4>(v, vv.shape());
         dv = gv.data_handle();
         fv = fresh;
@@ -274,15 +274,6 @@ struct attention_node final : node<T, D> {
           attention_dkv_rows<T>{qv.data_handle(), kv.data_handle(), vv.data_handle(), g.data_handle(), lse.data_handle(),
                                 delta.data_handle(), dk, dv, tq, tk, e, ev, scale, causal, fk, fv},
           tq * (e + ev));
-      if (same && wv) {  // k is v: its gradient is dk + dv; add dv in a second pass
-        auto [gv, fresh] = t.template grad_out<4>(v, vv.shape());
-        ::locus::detail::launch_n<D>(
-            krows,
-            attention_dkv_rows<T>{qv.data_handle(), kv.data_handle(), vv.data_handle(), g.data_handle(),
-                                  lse.data_handle(), delta.data_handle(), nullptr, gv.data_handle(), tq, tk, e, ev,
-                                  scale, causal, false, fresh},
-            tq * (e + ev));
-      }
     }
   }
 };

@@ -17,7 +17,8 @@
 //
 // layer_norm keeps each row's mean and 1/sd; backward gives
 // dx = r * (g*w - mean(g*w) - xhat * mean(g*w * xhat)), the gain's gradient
-// sum(g * xhat) and the bias's sum(g) over rows.
+// sum(g * xhat) and the bias's sum(g) over rows. rms_norm is the same arithmetic without
+// the centring (mean 0, no mean(g*w) term): one set of kernels and one tape node serve both.
 //
 // Rules: a gain or bias of another shape than [C] is a shape_error naming both shapes;
 // eps must be finite and >= 0 (value_error); both before anything is recorded.
@@ -33,174 +34,24 @@ namespace locus::ag {
 
 namespace detail {
 
+/// Row r of y = (x - mean) * r * w + b, r = 1/sqrt(mean((x - mean)^2) + eps); without
+/// `center` the mean is 0 (RMS normalisation).
 template <class T>
-struct rms_norm_rows {
-  using C = ::locus::detail::compute_t<T>;
-  const T* x;
-  const T* w;  // null: no gain
-  T* y;
-  C* inv;  // null: not kept (no gradient wanted)
-  index_t cols;
-  C eps;
-  LOCUS_HOST_DEVICE void operator()(index_t r) const {
-    const T* xr = x + r * cols;
-    C ss(0);
-    for (index_t j = 0; j < cols; ++j) {
-      const C v = ::locus::detail::load(xr[j]);
-      ss += v * v;
-    }
-    const C ri = C(1) / ::locus::detail::m_sqrt(ss / static_cast<C>(cols) + eps);
-    T* yr = y + r * cols;
-    for (index_t j = 0; j < cols; ++j) {
-      const C v = ::locus::detail::load(xr[j]) * ri;
-      yr[j] = ::locus::detail::store<T>(w ? v * ::locus::detail::load(w[j]) : v);
-    }
-    if (inv) inv[r] = ri;
-  }
-};
-
-template <class T>
-struct rms_norm_back_rows {
-  using C = ::locus::detail::compute_t<T>;
-  const T *x, *w, *g;
-  const C* inv;
-  T* gx;
-  index_t cols;
-  bool overwrite;
-  LOCUS_HOST_DEVICE void operator()(index_t r) const {
-    const T* xr = x + r * cols;
-    const T* gr = g + r * cols;
-    const C ri = inv[r];
-    C dot(0);
-    for (index_t j = 0; j < cols; ++j) {
-      const C gw = w ? ::locus::detail::load(gr[j]) * ::locus::detail::load(w[j]) : ::locus::detail::load(gr[j]);
-      dot += gw * ::locus::detail::load(xr[j]) * ri;
-    }
-    const C mean = dot / static_cast<C>(cols);
-    T* out = gx + r * cols;
-    for (index_t j = 0; j < cols; ++j) {
-      const C gw = w ? ::locus::detail::load(gr[j]) * ::locus::detail::load(w[j]) : ::locus::detail::load(gr[j]);
-      const C xh = ::locus::detail::load(xr[j]) * ri;
-      const C v = ri * (gw - xh * mean);
-      out[j] = ::locus::detail::store<T>(overwrite ? v : ::locus::detail::load(out[j]) + v);
-    }
-  }
-};
-
-/// Column j of the gain's gradient: sum over rows of g * x * r, in row order.
-template <class T>
-struct rms_norm_gain_column {
-  using C = ::locus::detail::compute_t<T>;
-  const T *x, *g;
-  const C* inv;
-  T* gw;
-  index_t rows, cols;
-  bool overwrite;
-  LOCUS_HOST_DEVICE void operator()(index_t j) const {
-    C s(0);
-    for (index_t r = 0; r < rows; ++r)
-      s += ::locus::detail::load(g[r * cols + j]) * ::locus::detail::load(x[r * cols + j]) * inv[r];
-    gw[j] = ::locus::detail::store<T>(overwrite ? s : ::locus::detail::load(gw[j]) + s);
-  }
-};
-
-template <class T, class D, std::size_t R>
-struct rms_norm_node final : node<T, D> {
-  using C = ::locus::detail::compute_t<T>;
-  std::uint32_t x = 0, w = 0, out = 0;
-  bool has_gain = false;
-  tensor_view<const T, D, R> xv;
-  tensor_view<const T, D, 1> wv;
-  tensor<C, D, 1> inv;
-  void backward(tape<T, D>& t) override {
-    const auto g = t.template grad_in<R>(out, xv.shape());
-    if (g.data_handle() == nullptr) return;
-    const index_t cols = xv.shape()[R - 1];
-    if (cols == 0 || xv.numel() == 0) return;
-    const index_t rows = xv.numel() / cols;
-    const T* wp = has_gain ? wv.data_handle() : nullptr;
-    if (has_gain && t.wants_grad(w)) {
-      auto [gw, fresh] = t.template grad_out<1>(w, wv.shape());
-      ::locus::detail::launch_n<D>(
-          cols, rms_norm_gain_column<T>{xv.data_handle(), g.data_handle(), inv.data_handle(), gw.data_handle(), rows,
-                                        cols, fresh},
-          rows);
-    }
-    if (t.wants_grad(x)) {
-      auto [gx, fresh] = t.template grad_out<R>(x, xv.shape());
-      ::locus::detail::launch_n<D>(
-          rows, rms_norm_back_rows<T>{xv.data_handle(), wp, g.data_handle(), inv.data_handle(), gx.data_handle(), cols,
-                                      fresh},
-          cols);
-    }
-  }
-};
-
-template <class T, class D, std::size_t R>
-var<T, D, R> rms_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, double eps) {
-  static_assert(R >= 1, "locus: ag::rms_norm needs a value of rank 1 or more (it normalises the last axis)");
-  auto& t = owner(x, "ag::rms_norm");
-  check_contiguous_value(x, "ag::rms_norm");
-  const index_t cols = x.shape()[R - 1];
-  if (w) {
-    t.check_owned(*w, "ag::rms_norm");
-    check_contiguous_value(*w, "ag::rms_norm");
-    if (w->shape()[0] != cols)
-      throw shape_error("locus: ag::rms_norm of x " + shape_text(x.shape()) + " with a gain " +
-                        shape_text(w->shape()) + ": the gain must have the last extent of x, [" +
-                        std::to_string(cols) + "]");
-  }
-  if (!(eps >= 0.0) || !std::isfinite(eps))
-    throw value_error("locus: ag::rms_norm: eps " + std::to_string(eps) + " is not a finite number >= 0");
-  using C = ::locus::detail::compute_t<T>;
-  const bool grad = x.requires_grad() || (w && w->requires_grad());
-  const index_t rows = cols > 0 ? x.numel() / cols : 0;
-  auto out = t.template result<R>(x.shape(), grad);
-  rms_norm_node<T, D, R>* n = nullptr;
-  if (grad) {
-    n = &t.template record<rms_norm_node<T, D, R>>();
-    try {
-      ensure_flat(n->inv, rows);
-    } catch (...) {
-      t.unrecord();
-      t.unresult();
-      throw;
-    }
-  }
-  if (rows > 0)
-    ::locus::detail::launch_n<D>(rows,
-                                 rms_norm_rows<T>{x.value().data_handle(), w ? w->value().data_handle() : nullptr,
-                                                  t.writable(out).data_handle(), n ? n->inv.data_handle() : nullptr,
-                                                  cols, static_cast<C>(eps)},
-                                 cols);
-  if (n) {
-    n->x = access::id(x);
-    n->out = access::id(out);
-    n->xv = x.value();
-    n->has_gain = w != nullptr;
-    if (w) {
-      n->w = access::id(*w);
-      n->wv = w->value();
-    }
-  }
-  return out;
-}
-
-
-// ---- layer_norm ----------------------------------------------------------------------------
-template <class T>
-struct layer_norm_rows {
+struct norm_rows {
   using C = ::locus::detail::compute_t<T>;
   const T *x, *w, *b;  // w, b null: none
   T* y;
-  C* stats;  // [2 * rows]: mean, 1/sd; null: not kept
+  C* stats;  // [2 * rows]: mean, 1/sd; null: not kept (no gradient wanted)
   index_t cols;
   C eps;
+  bool center;
   LOCUS_HOST_DEVICE void operator()(index_t r) const {
     const T* xr = x + r * cols;
-    C s(0);
-    for (index_t j = 0; j < cols; ++j) s += ::locus::detail::load(xr[j]);
-    const C mean = s / static_cast<C>(cols);
+    C mean(0);
+    if (center) {
+      for (index_t j = 0; j < cols; ++j) mean += ::locus::detail::load(xr[j]);
+      mean /= static_cast<C>(cols);
+    }
     C ss(0);
     for (index_t j = 0; j < cols; ++j) {
       const C d = ::locus::detail::load(xr[j]) - mean;
@@ -221,14 +72,15 @@ struct layer_norm_rows {
   }
 };
 
+/// Row r of dx (= or +=) r * (g*w - [mean(g*w)] - xhat * mean(g*w * xhat)).
 template <class T>
-struct layer_norm_back_rows {
+struct norm_back_rows {
   using C = ::locus::detail::compute_t<T>;
   const T *x, *w, *g;
   const C* stats;
   T* gx;
   index_t cols;
-  bool overwrite;
+  bool center, overwrite;
   LOCUS_HOST_DEVICE void operator()(index_t r) const {
     const T* xr = x + r * cols;
     const T* gr = g + r * cols;
@@ -239,7 +91,7 @@ struct layer_norm_back_rows {
       sg += gw;
       sgx += gw * (::locus::detail::load(xr[j]) - mean) * ri;
     }
-    const C mg = sg / static_cast<C>(cols), mgx = sgx / static_cast<C>(cols);
+    const C mg = center ? sg / static_cast<C>(cols) : C(0), mgx = sgx / static_cast<C>(cols);
     T* out = gx + r * cols;
     for (index_t j = 0; j < cols; ++j) {
       const C gw = w ? ::locus::detail::load(gr[j]) * ::locus::detail::load(w[j]) : ::locus::detail::load(gr[j]);
@@ -252,7 +104,7 @@ struct layer_norm_back_rows {
 
 /// Column j of the gain's (g * xhat) or the bias's (g) gradient, summed in row order.
 template <class T>
-struct layer_norm_param_column {
+struct norm_param_column {
   using C = ::locus::detail::compute_t<T>;
   const T *x, *g;
   const C* stats;  // null: the bias (no xhat)
@@ -270,10 +122,10 @@ struct layer_norm_param_column {
 };
 
 template <class T, class D, std::size_t R>
-struct layer_norm_node final : node<T, D> {
+struct norm_node final : node<T, D> {
   using C = ::locus::detail::compute_t<T>;
   std::uint32_t x = 0, w = 0, b = 0, out = 0;
-  bool has_gain = false, has_bias = false;
+  bool has_gain = false, has_bias = false, center = false;
   tensor_view<const T, D, R> xv;
   tensor_view<const T, D, 1> wv, bv;
   tensor<C, D, 1> stats;
@@ -285,55 +137,60 @@ struct layer_norm_node final : node<T, D> {
     const index_t rows = xv.numel() / cols;
     if (has_gain && t.wants_grad(w)) {
       auto [gw, fresh] = t.template grad_out<1>(w, wv.shape());
-      ::locus::detail::launch_n<D>(cols,
-                                   layer_norm_param_column<T>{xv.data_handle(), g.data_handle(), stats.data_handle(),
-                                                              gw.data_handle(), rows, cols, fresh},
-                                   rows);
+      ::locus::detail::launch_n<D>(
+          cols, norm_param_column<T>{xv.data_handle(), g.data_handle(), stats.data_handle(), gw.data_handle(), rows, cols, fresh},
+          rows);
     }
     if (has_bias && t.wants_grad(b)) {
       auto [gb, fresh] = t.template grad_out<1>(b, bv.shape());
       ::locus::detail::launch_n<D>(
-          cols, layer_norm_param_column<T>{xv.data_handle(), g.data_handle(), nullptr, gb.data_handle(), rows, cols, fresh},
-          rows);
+          cols, norm_param_column<T>{xv.data_handle(), g.data_handle(), nullptr, gb.data_handle(), rows, cols, fresh}, rows);
     }
     if (t.wants_grad(x)) {
       auto [gx, fresh] = t.template grad_out<R>(x, xv.shape());
       ::locus::detail::launch_n<D>(rows,
-                                   layer_norm_back_rows<T>{xv.data_handle(), has_gain ? wv.data_handle() : nullptr,
-                                                           g.data_handle(), stats.data_handle(), gx.data_handle(), cols,
-                                                           fresh},
+                                   norm_back_rows<T>{xv.data_handle(), has_gain ? wv.data_handle() : nullptr,
+                                                     g.data_handle(), stats.data_handle(), gx.data_handle(), cols,
+                                                     center, fresh},
                                    cols);
     }
   }
 };
 
+/// The checks of a gain or bias of x (owner, contiguity, length [C]) and of eps.
 template <class T, class D, std::size_t R>
-var<T, D, R> layer_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, const var<T, D, 1>* b, double eps) {
-  static_assert(R >= 1, "locus: ag::layer_norm needs a value of rank 1 or more (it normalises the last axis)");
-  auto& t = owner(x, "ag::layer_norm");
-  check_contiguous_value(x, "ag::layer_norm");
+void check_norm_args(tape<T, D>& t, const var<T, D, R>& x, const var<T, D, 1>* w, const var<T, D, 1>* b, double eps,
+                     const char* what, const char* must) {
+  check_contiguous_value(x, what);
   const index_t cols = x.shape()[R - 1];
   for (const auto* p : {w, b}) {
     if (!p) continue;
-    t.check_owned(*p, "ag::layer_norm");
-    check_contiguous_value(*p, "ag::layer_norm");
+    t.check_owned(*p, what);
+    check_contiguous_value(*p, what);
     if (p->shape()[0] != cols)
-      throw shape_error("locus: ag::layer_norm of x " + shape_text(x.shape()) + " with a " +
-                        (p == w ? "gain " : "bias ") + shape_text(p->shape()) + ": it must have the last extent of x, [" +
-                        std::to_string(cols) + "]");
+      throw shape_error(std::string("locus: ") + what + " of x " + shape_text(x.shape()) + " with a " +
+                        (p == w ? "gain " : "bias ") + shape_text(p->shape()) + ": " + must +
+                        " the last extent of x, [" + std::to_string(cols) + "]");
   }
   if (!(eps >= 0.0) || !std::isfinite(eps))
-    throw value_error("locus: ag::layer_norm: eps " + std::to_string(eps) + " is not a finite number >= 0");
+    throw value_error(std::string("locus: ") + what + ": eps " + std::to_string(eps) + " is not a finite number >= 0");
+}
+
+/// Records and runs one normalisation (arguments already checked).
+template <class T, class D, std::size_t R>
+var<T, D, R> norm_impl(tape<T, D>& t, const var<T, D, R>& x, const var<T, D, 1>* w, const var<T, D, 1>* b, double eps,
+                       bool center) {
   using C = ::locus::detail::compute_t<T>;
+  const index_t cols = x.shape()[R - 1];
   const bool grad = x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad());
   const index_t rows = cols > 0 ? x.numel() / cols : 0;
   auto out = t.template result<R>(x.shape(), grad);
-  layer_norm_node<T, D, R>* n = nullptr;
+  norm_node<T, D, R>* n = nullptr;
   if (grad) {
-    n = &t.template record<layer_norm_node<T, D, R>>();
+    n = &t.template record<norm_node<T, D, R>>();
     try {
       ensure_flat(n->stats, 2 * rows);
-    } catch (...) {
+    } catch (...) {  // nothing of the call stays on the tape
       t.unrecord();
       t.unresult();
       throw;
@@ -342,14 +199,15 @@ var<T, D, R> layer_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, const
   if (rows > 0)
     ::locus::detail::launch_n<D>(
         rows,
-        layer_norm_rows<T>{x.value().data_handle(), w ? w->value().data_handle() : nullptr,
-                           b ? b->value().data_handle() : nullptr, t.writable(out).data_handle(),
-                           n ? n->stats.data_handle() : nullptr, cols, static_cast<C>(eps)},
+        norm_rows<T>{x.value().data_handle(), w ? w->value().data_handle() : nullptr,
+                     b ? b->value().data_handle() : nullptr, t.writable(out).data_handle(),
+                     n ? n->stats.data_handle() : nullptr, cols, static_cast<C>(eps), center},
         cols);
   if (n) {
     n->x = access::id(x);
     n->out = access::id(out);
     n->xv = x.value();
+    n->center = center;
     n->has_gain = w != nullptr;
     n->has_bias = b != nullptr;
     if (w) {
@@ -363,6 +221,23 @@ var<T, D, R> layer_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, const
   }
   return out;
 }
+
+template <class T, class D, std::size_t R>
+var<T, D, R> rms_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, double eps) {
+  static_assert(R >= 1, "locus: ag::rms_norm needs a value of rank 1 or more (it normalises the last axis)");
+  auto& t = owner(x, "ag::rms_norm");
+  check_norm_args(t, x, w, static_cast<const var<T, D, 1>*>(nullptr), eps, "ag::rms_norm", "the gain must have");
+  return norm_impl(t, x, w, static_cast<const var<T, D, 1>*>(nullptr), eps, false);
+}
+
+template <class T, class D, std::size_t R>
+var<T, D, R> layer_norm_impl(const var<T, D, R>& x, const var<T, D, 1>* w, const var<T, D, 1>* b, double eps) {
+  static_assert(R >= 1, "locus: ag::layer_norm needs a value of rank 1 or more (it normalises the last axis)");
+  auto& t = owner(x, "ag::layer_norm");
+  check_norm_args(t, x, w, b, eps, "ag::layer_norm", "it must have");
+  return norm_impl(t, x, w, b, eps, true);
+}
+
 }  // namespace detail
 
 /// x / sqrt(mean(x^2) + eps) along the last axis.

@@ -151,8 +151,9 @@ inline void* aligned_host_alloc(std::size_t bytes) noexcept {
 /// when a freed block does not fit, the blocks kept longest go back to the system first.
 /// A request the system refuses first releases the cache and tries again;
 /// `empty_cache()` releases it on demand. Under AddressSanitizer a kept block is poisoned
-/// until it is handed out again, so a use after free is still reported. Allocation counts are those of an uncached
-/// allocator: every request is an allocation; hits are also counted in `cache_hits`.
+/// until it is handed out again, so a use after free is still reported. Allocation
+/// counts are those of an uncached allocator: every request is an allocation; hits are
+/// also counted in `cache_hits`.
 class host_allocator {
  public:
   static constexpr std::string_view device_name = "cpu";
