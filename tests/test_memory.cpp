@@ -197,6 +197,25 @@ TEST_CASE("the cpu cache under a memory limit: kept blocks give way, and a fault
   a.deallocate(p);
   locus::set_memory_limit<locus::cpu>(std::numeric_limits<std::size_t>::max());
 
+  // A limit set below what is kept gives kept blocks back at once, the oldest first,
+  // until the reserved bytes fit (a workload of cache hits alone would never do it).
+  // (An outside review found the limit only stored.)
+  locus::empty_cache<locus::cpu>();
+  a.deallocate(a.allocate(4 * big));
+  a.deallocate(a.allocate(big));  // kept: 4 MiB (older), 1 MiB (newer)
+  const auto kept = a.stats();
+  REQUIRE(kept.reserved_bytes == kept.allocated_bytes + 5 * big);
+  locus::set_memory_limit<locus::cpu>(kept.allocated_bytes + 2 * big);
+  auto lowered = a.stats();
+  CHECK(lowered.reserved_bytes == lowered.allocated_bytes + big);  // the 4 MiB went, the 1 MiB stays
+  CHECK(lowered.reserved_bytes <= lowered.limit_bytes);
+  for (int i = 0; i < 3; ++i) a.deallocate(a.allocate(big));  // hits of the block that stayed
+  CHECK(a.stats().cache_hits == lowered.cache_hits + 3);
+  locus::set_memory_limit<locus::cpu>(kept.allocated_bytes);  // nothing kept fits
+  lowered = a.stats();
+  CHECK(lowered.reserved_bytes == lowered.allocated_bytes);
+  locus::set_memory_limit<locus::cpu>(std::numeric_limits<std::size_t>::max());
+
   // A request the cache would serve still counts for fault injection.
   a.deallocate(a.allocate(big));
   const auto before = a.stats();

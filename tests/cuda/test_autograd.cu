@@ -73,7 +73,8 @@ TEST_CASE("ag layout operations and nn::param on cuda give the gradients of the 
 }
 
 namespace {
-/// Output and the three gradients of causal attention followed by rms_norm, on D.
+/// Output and the three gradients of causal attention (q and k turned by rope) followed by
+/// rms_norm, on D.
 template <class D>
 std::vector<float> attention_grads(const locus::tensor<float, locus::cpu, 4>& q_host,
                                    const locus::tensor<float, locus::cpu, 4>& k_host,
@@ -81,7 +82,8 @@ std::vector<float> attention_grads(const locus::tensor<float, locus::cpu, 4>& q_
   const auto q = locus::to<D>(q_host), k = locus::to<D>(k_host), v = locus::to<D>(v_host);
   ag::tape<float, D> t;
   const auto lq = t.leaf(q), lk = t.leaf(k), lv = t.leaf(v);
-  const auto o = ag::rms_norm(ag::scaled_dot_product_attention(lq, lk, lv, {.causal = true}), 1e-5);
+  const auto o = ag::rms_norm(
+      ag::scaled_dot_product_attention(ag::rope(lq, {.offset = 20}), ag::rope(lk), lv, {.causal = true}), 1e-5);
   t.backward(ag::sum(o * o * o));
   std::vector<float> out;
   for (const auto* x : {&lq, &lk, &lv}) {
@@ -94,7 +96,7 @@ std::vector<float> attention_grads(const locus::tensor<float, locus::cpu, 4>& q_
 }
 }  // namespace
 
-TEST_CASE("attention and rms_norm on cuda give what the host tape gives") {
+TEST_CASE("attention, rope and rms_norm on cuda give what the host tape gives") {
   // 70 keys: past the kernel's block of 32; 2 x 3 heads.
   const auto q = locus::randn<float, locus::cpu>({2, 3, 50, 16}, 3);
   const auto k = locus::randn<float, locus::cpu>({2, 3, 70, 16}, 4);

@@ -96,6 +96,10 @@ struct attention_forward_rows {
         for (index_t d = 0; d < ev; ++d) acc[d] *= c;
         m = bm;
       }
+      // Every score so far -inf (masked out, or overflowed): the block adds nothing, and
+      // exp(-inf - -inf) would be NaN. (A row with no finite score at all ends 0/0 = NaN,
+      // as PyTorch's softmax over -inf only.)
+      if (m == -INFINITY) continue;
       for (index_t jj = 0; jj < nb; ++jj) {
         const C p = ::locus::detail::m_exp(s[jj] - m);
         l += p;

@@ -51,6 +51,13 @@ struct norm_rows {
     if (center) {
       for (index_t j = 0; j < cols; ++j) mean += ::locus::detail::load(xr[j]);
       mean /= static_cast<C>(cols);
+      // One correction pass: the rounding of a long sum of large values (a mean of 1e4
+      // with a spread of 0.1 in f32) leaves most of its error in the mean, and the sum
+      // of the residuals, small numbers, carries it back (the corrected two-pass
+      // algorithm; an outside review measured 7x PyTorch's error without it).
+      C res(0);
+      for (index_t j = 0; j < cols; ++j) res += ::locus::detail::load(xr[j]) - mean;
+      mean += res / static_cast<C>(cols);
     }
     C ss(0);
     for (index_t j = 0; j < cols; ++j) {

@@ -3,8 +3,8 @@
 // matmul, linear (fused with its activation: one tape entry, one GEMM epilogue),
 // sum and mean, log_softmax, cross_entropy (log-softmax fused with the loss, as
 // nn::cross_entropy), reshape and flatten; transpose, slice, concat, softmax and
-// gather_rows are in ag/shapes.hpp, scaled_dot_product_attention in ag/attention.hpp and
-// rms_norm in ag/norm.hpp, all included at the end.
+// gather_rows are in ag/shapes.hpp, scaled_dot_product_attention in ag/attention.hpp,
+// rms_norm and layer_norm in ag/norm.hpp and rope in ag/rope.hpp, all included at the end.
 //
 // Rules. Two values of different devices or dtypes in one operation are compile errors
 // (the same `locus:` rules as tensors'); shapes that do not match are a shape_error
@@ -989,3 +989,4 @@ auto apply(const F& fn, const var<T, D, RA>& a, const var<T, D, RB>& b) {
 #include "shapes.hpp"
 #include "attention.hpp"
 #include "norm.hpp"
+#include "rope.hpp"

@@ -244,9 +244,12 @@ class host_allocator {
     std::lock_guard lock(mutex_);
     release_cache();
   }
+  /// A limit below what is reserved gives kept blocks back (the oldest first) until the
+  /// reserved bytes fit it or nothing is kept: kept memory counts against the limit.
   void set_limit(std::size_t bytes) {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
+    while (cached_ > 0 && reserved() > limit_) drop_oldest();
   }
   void reset_peak() {
     std::lock_guard lock(mutex_);

@@ -224,6 +224,8 @@ LOCUS_DETAIL_MATH1(m_tanh, tanh)
 LOCUS_DETAIL_MATH1(m_erf, erf)
 LOCUS_DETAIL_MATH1(m_erfc, erfc)
 LOCUS_DETAIL_MATH1(m_fabs, fabs)
+LOCUS_DETAIL_MATH1(m_sin, sin)
+LOCUS_DETAIL_MATH1(m_cos, cos)
 #undef LOCUS_DETAIL_MATH1
 LOCUS_HOST_DEVICE inline float m_pow(float x, float y) { return ::powf(x, y); }
 LOCUS_HOST_DEVICE inline double m_pow(double x, double y) { return ::pow(x, y); }
