@@ -778,7 +778,7 @@ TEST_CASE("rope: gradients against finite differences in f64, alone and feeding 
   }
 }
 
-TEST_CASE("rope: bf16 and f32 against f64; bad shapes and options refused before anything is recorded") {
+TEST_CASE("rope: bf16 and f32 against f64, and bad shapes and options refused before anything is recorded") {
   const auto x = random4<double>({1, 2, 64, 32}, 81);
   locus::tensor<float, D, 4> xf(x.shape());
   locus::tensor<locus::bf16, D, 4> xb(x.shape());
