@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -285,26 +286,37 @@ struct gather_rows_node final : node<T, D> {
   }
 };
 
+/// The first id outside [0, rows) and its position (flat), if any (on cuda the ids are
+/// copied to the host for it: one device-to-host copy, which waits).
+struct bad_id {
+  index_t position = -1;
+  long long id = 0;
+};
+template <class I, class D, std::size_t K>
+std::optional<bad_id> find_bad_id(const tensor_view<const I, D, K>& ids, index_t rows) {
+  const index_t n = ids.numel();
+  if (n == 0) return std::nullopt;
+  const auto find = [&](const I* p) -> std::optional<bad_id> {
+    for (index_t i = 0; i < n; ++i)
+      if (p[i] < 0 || static_cast<index_t>(p[i]) >= rows) return bad_id{i, static_cast<long long>(p[i])};
+    return std::nullopt;
+  };
+  if constexpr (D::host_accessible) {
+    return find(ids.data_handle());
+  } else {
+    const auto h = ::locus::to<::locus::cpu>(ids);
+    return find(h.data_handle());
+  }
+}
+
 template <class I, class D, std::size_t K>
 void check_ids(const tensor_view<const I, D, K>& ids, index_t rows) {
   if (!ids.is_contiguous())
     throw shape_error("locus: ag::gather_rows needs contiguous ids; pass a tensor or a contiguous view");
-  const index_t n = ids.numel();
-  if (n == 0) return;
-  const auto check = [&](const I* p) {
-    for (index_t i = 0; i < n; ++i)
-      if (p[i] < 0 || static_cast<index_t>(p[i]) >= rows)
-        throw value_error("locus: ag::gather_rows: id " + std::to_string(static_cast<long long>(p[i])) +
-                          " at position " + std::to_string(i) + " is outside the table's " + std::to_string(rows) +
-                          " rows [0, " + std::to_string(rows) + "); nothing was recorded");
-  };
-  if constexpr (D::host_accessible) {
-    check(ids.data_handle());
-  } else {
-    // (the ids are read on the host: one device-to-host copy of them, which waits)
-    const auto h = ::locus::to<::locus::cpu>(ids);
-    check(h.data_handle());
-  }
+  if (const auto bad = find_bad_id(ids, rows))
+    throw value_error("locus: ag::gather_rows: id " + std::to_string(bad->id) + " at position " +
+                      std::to_string(bad->position) + " is outside the table's " + std::to_string(rows) +
+                      " rows [0, " + std::to_string(rows) + "); nothing was recorded");
 }
 }  // namespace detail
 
@@ -451,6 +463,13 @@ var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor_view<I, D, 
 template <class T, class D, class I, std::size_t K>
 var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor<I, D, K>& ids) {
   return gather_rows(table, ids.view());
+}
+/// Rows of `table` picked by a forward's ids (tape.ids(x), or what nn::model passes):
+/// as above, both of one tape.
+template <class T, class D, class I, std::size_t K>
+var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const ids<T, D, K, I>& x) {
+  (void)detail::owner(table, x, "ag::gather_rows");
+  return gather_rows(table, x.value());
 }
 // Prevents: ids that are freed before backward reads them.
 template <class T, class D, class I, std::size_t K>

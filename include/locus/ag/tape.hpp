@@ -205,6 +205,39 @@ inline constexpr bool is_var_v = false;
 template <class T, class D, std::size_t R>
 inline constexpr bool is_var_v<var<T, D, R>> = true;
 
+/// Integer ids (token ids, positions) of dtype I (int32 or int64), rank R on device D, as
+/// an input of a forward recorded on a tape of compute dtype T: what an embedding takes
+/// (tape.ids(x); nn::model passes one to a forward that takes it). No gradient flows
+/// into ids. A view: the ids are read again in backward, so they stay alive until then.
+template <class T, class D, std::size_t R, class I = std::int64_t>
+class ids {
+ public:
+  using value_type = I;
+  using compute_type = T;
+  using device = D;
+  static constexpr std::size_t rank = R;
+
+  ids() = default;
+
+  [[nodiscard]] tensor_view<const I, D, R> value() const noexcept { return value_; }
+  [[nodiscard]] extents<R> shape() const noexcept { return value_.shape(); }
+  [[nodiscard]] index_t numel() const noexcept { return value_.numel(); }
+  /// The tape it belongs to (nullptr for a default-constructed one).
+  [[nodiscard]] const tape<T, D>* owner() const noexcept { return tape_; }
+
+ private:
+  friend struct detail::access;
+  tape<T, D>* tape_ = nullptr;
+  std::uint32_t directory_ = 0;
+  std::uint64_t generation_ = 0;
+  tensor_view<const I, D, R> value_;
+};
+
+template <class X>
+inline constexpr bool is_ids_v = false;
+template <class T, class D, std::size_t R, class I>
+inline constexpr bool is_ids_v<ids<T, D, R, I>> = true;
+
 /// One recorded operation: computes its inputs' gradient contributions from its
 /// output's gradient.
 template <class T, class D>
@@ -242,6 +275,15 @@ struct access {
   template <class V>
   static bool tape_current(const V& v) noexcept {
     return tape_directory::get().at(v.directory_).load(std::memory_order_acquire) == v.generation_;
+  }
+  template <class T, class D, std::size_t R, class I>
+  static ids<T, D, R, I> make_ids(tape<T, D>* t, std::uint64_t gen, tensor_view<const I, D, R> value) noexcept {
+    ids<T, D, R, I> v;
+    v.tape_ = t;
+    v.directory_ = t->directory_;
+    v.generation_ = gen;
+    v.value_ = value;
+    return v;
   }
   template <class T, class D, std::size_t R>
   static var<T, D, R> make(tape<T, D>* t, std::uint32_t id, std::uint64_t gen, bool rg,
@@ -337,6 +379,44 @@ class tape {
                               "backward, but it is freed at the end of the statement; keep it in a variable first: "
                               "auto x = ...; then tape.constant(x)");
     return external(x.view(), false);
+  }
+
+  /// Integer ids (int32 or int64) as an input of this step's forward: what an embedding
+  /// and ag::gather_rows take (ag::ids). x is used by reference and must stay alive
+  /// until backward.
+  template <class I, std::size_t R>
+  ::locus::ag::ids<T, D, R, I> ids(const tensor_view<const I, D, R>& x) {
+    static_assert(std::is_same_v<I, std::int32_t> || std::is_same_v<I, std::int64_t>,
+                  "locus: tape.ids() takes int32 or int64 ids (token ids, positions); convert others first: "
+                  "auto i = locus::eval(locus::cast<std::int64_t>(x))");
+    return detail::access::make_ids(this, generation_, x);
+  }
+  template <class I, std::size_t R>
+  ::locus::ag::ids<T, D, R, I> ids(const tensor_view<I, D, R>& x) {
+    return ids(tensor_view<const I, D, R>(x));
+  }
+  template <class I, std::size_t R>
+  ::locus::ag::ids<T, D, R, I> ids(const tensor<I, D, R>& x) {
+    return ids(x.view());
+  }
+  template <class I, std::size_t R>
+  ::locus::ag::ids<T, D, R, I> ids(const tensor<I, D, R>&& x) {
+    static_assert(::locus::detail::always_false_v<R>, "locus: tape.ids() of a temporary tensor would dangle: the tape reads the ids until "
+                              "backward, but they are freed at the end of the statement; keep them in a variable "
+                              "first: auto ids = ...; then tape.ids(ids)");
+    return ids(x.view());
+  }
+  // Prevents: ids of another device than the tape's (one forward, one device).
+  template <class X>
+    requires(::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_tensor ||
+             ::locus::detail::tensor_traits<std::remove_cvref_t<X>>::is_view)
+  int ids(const X&) {
+    using tr = ::locus::detail::tensor_traits<std::remove_cvref_t<X>>;
+    if constexpr (::locus::detail::require_same_operand_device<typename tr::device, D>())
+      static_assert(::locus::detail::always_false<X>, "locus: tape.ids() takes int32 or int64 ids (token ids, "
+                                                      "positions); convert others first: auto i = "
+                                                      "locus::eval(locus::cast<std::int64_t>(x))");
+    return 0;
   }
 
   /// A value whose gradient backward computes (read it with grad(v)): x is used by

@@ -248,6 +248,10 @@ class module {
   /// var<4> [batch, channels, height, width].
   template <std::size_t R>
   using var = ag::var<C, D, R>;
+  /// Integer ids a forward takes (token ids [batch, time], int64 or int32): what
+  /// nn::embedding looks up. A model whose forward takes ids<R> is trained on id batches.
+  template <std::size_t R, class I = std::int64_t>
+  using ids = ag::ids<C, D, R, I>;
 
   // (nvcc warns of a line that starts with the word module, C++20's keyword: these
   // declarations begin with another token)
@@ -714,20 +718,50 @@ auto checkpoint(child<M>& c, const V& x) {
 namespace detail {
 template <class Net, std::size_t R>
 concept forward_takes = requires(Net& n, const ag::var<typename Net::C, typename Net::device, R>& v) { n.forward(v); };
+template <class Net, std::size_t R, class I>
+concept forward_takes_ids =
+    requires(Net& n, const ag::ids<typename Net::C, typename Net::device, R, I>& v) { n.forward(v); };
 
+/// What a module's forward takes: a value var<R> of the compute dtype, or ids<R, I>
+/// (kind 1: int64, kind 2: int32).
+struct input_form {
+  std::size_t rank = 0;
+  int kind = 0;
+};
 template <class Net>
-constexpr std::size_t module_input_rank() {
-  if constexpr (forward_takes<Net, 2>) return 2;
-  else if constexpr (forward_takes<Net, 4>) return 4;
-  else if constexpr (forward_takes<Net, 3>) return 3;
-  else if constexpr (forward_takes<Net, 1>) return 1;
+constexpr input_form module_input() {
+  if constexpr (forward_takes<Net, 2>) return {2, 0};
+  else if constexpr (forward_takes<Net, 4>) return {4, 0};
+  else if constexpr (forward_takes<Net, 3>) return {3, 0};
+  else if constexpr (forward_takes<Net, 1>) return {1, 0};
+  else if constexpr (forward_takes_ids<Net, 2, std::int64_t>) return {2, 1};
+  else if constexpr (forward_takes_ids<Net, 2, std::int32_t>) return {2, 2};
+  else if constexpr (forward_takes_ids<Net, 1, std::int64_t>) return {1, 1};
+  else if constexpr (forward_takes_ids<Net, 1, std::int32_t>) return {1, 2};
   else {
     static_assert(::locus::detail::always_false<Net>,
                   "locus: nn::model<Net> needs Net::forward(const var<R>& x) returning a value (var<2> for a "
-                  "classifier's logits); write auto forward(const typename Net::template var<2>& x) { ... }");
-    return 2;
+                  "classifier's logits), or forward(const ids<R>& x) for token ids; write auto forward(const "
+                  "typename Net::template var<2>& x) { ... }");
+    return {2, 0};
   }
 }
+template <class Net, int Kind = module_input<Net>().kind>
+struct module_input_element {
+  using type = typename Net::C;
+};
+template <class Net>
+struct module_input_element<Net, 1> {
+  using type = std::int64_t;
+};
+template <class Net>
+struct module_input_element<Net, 2> {
+  using type = std::int32_t;
+};
+/// The argument of a module's forward: the value, or the ids, of its input.
+template <class Net, std::size_t R, class X = typename module_input_element<Net>::type>
+using module_input_arg = std::conditional_t<std::is_integral_v<X>, ag::ids<typename Net::C, typename Net::device, R, X>,
+                                            ag::var<typename Net::C, typename Net::device, R>>;
 }  // namespace detail
 
 /// A module and everything it owns: the parameters (one store, PyTorch's dotted names),
@@ -741,10 +775,12 @@ class model {
   using C = typename policy::compute;
   using M = typename policy::master;
   using store_type = parameter_store<device, policy>;
-  static constexpr std::size_t input_rank = detail::module_input_rank<Net>();
-  using input_view = tensor_view<const C, device, input_rank>;
-  using out_var = std::remove_cvref_t<decltype(std::declval<Net&>().forward(
-      std::declval<const ag::var<C, device, input_rank>&>()))>;
+  static constexpr std::size_t input_rank = detail::module_input<Net>().rank;
+  /// The input's element type: the compute dtype, or int64/int32 for a forward over ids.
+  using input_type = typename detail::module_input_element<Net>::type;
+  using input_view = tensor_view<const input_type, device, input_rank>;
+  using input_arg = detail::module_input_arg<Net, input_rank>;
+  using out_var = std::remove_cvref_t<decltype(std::declval<Net&>().forward(std::declval<const input_arg&>()))>;
   static_assert(ag::is_var_v<out_var>, "locus: Net::forward must return a value (an ag::var) of the module's dtype");
   static constexpr std::size_t output_rank = out_var::rank;
   using output_view = tensor_view<const C, device, output_rank>;
@@ -797,7 +833,7 @@ class model {
   output_view forward(const input_view& x) {
     tape_->reset();
     tape_->set_training(true);
-    out_ = net_->forward(tape_->constant(x));
+    out_ = net_->forward(enter(*tape_, x));
     return out_.value();
   }
   /// Backpropagates dL/d(output) through the tape: parameter gradients go to the store
@@ -842,7 +878,7 @@ class model {
   tensor<C, device, output_rank> infer(const input_view& x) const {
     infer_tape_->reset();
     infer_tape_->set_training(false);
-    const auto y = const_cast<Net&>(*net_).forward(infer_tape_->constant(x));
+    const auto y = const_cast<Net&>(*net_).forward(enter(*infer_tape_, x));
     tensor<C, device, output_rank> out(y.shape());
     ::locus::copy(y.value(), out);
     return out;
@@ -918,7 +954,11 @@ class model {
   [[nodiscard]] const ag::tape<C, device>& tape() const noexcept { return *tape_; }
 
  private:
-  tensor<C, device, input_rank> probe_input(const std::vector<index_t>& in) const {
+  static input_arg enter(ag::tape<C, device>& t, const input_view& x) {
+    if constexpr (std::is_integral_v<input_type>) return t.ids(x);
+    else return t.constant(x);
+  }
+  tensor<input_type, device, input_rank> probe_input(const std::vector<index_t>& in) const {
     if (in.size() != input_rank)
       throw shape_error("locus: the model's forward takes a rank-" + std::to_string(input_rank) +
                         " input, but the shape given has rank " + std::to_string(in.size()));
@@ -927,7 +967,7 @@ class model {
       if (in[i] < 0) throw shape_error("locus: a negative extent in the shape given to the model");
       e[i] = in[i];
     }
-    return zeros<C, device>(e);
+    return zeros<input_type, device>(e);
   }
 
   std::unique_ptr<detail::registry<device, policy>> reg_;

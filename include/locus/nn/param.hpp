@@ -44,6 +44,15 @@ struct param_init {
 };
 
 namespace detail {
+template <class V, class = void>
+struct compute_of {
+  using type = void;
+};
+template <class V>
+struct compute_of<V, std::void_t<typename V::compute_type>> {
+  using type = typename V::compute_type;
+};
+
 /// dst[i] = mean + sd * N(0, 1) from Philox (seed, i, stream).
 template <class M>
 struct normal_init_kernel {
@@ -117,11 +126,12 @@ class param final : public detail::layer_ref {
 
  public:
 
-  /// The parameter as a value of x's tape (see the header).
+  /// The parameter as a value of x's tape (see the header); x a value or a forward's ids.
   template <class V>
-    requires ag::is_var_v<V>
+    requires(ag::is_var_v<V> || ag::is_ids_v<V>)
   ag::var<C, D, R> on(const V& x) {
-    if constexpr (!std::is_same_v<typename V::device, D> || !std::is_same_v<typename V::value_type, C>) {
+    using VC = std::conditional_t<ag::is_ids_v<V>, typename detail::compute_of<V>::type, typename V::value_type>;
+    if constexpr (!std::is_same_v<typename V::device, D> || !std::is_same_v<VC, C>) {
       static_assert(::locus::detail::always_false<V>,
                     "locus: nn::param::on(x) of a value of another device or dtype than the module's");
       return {};

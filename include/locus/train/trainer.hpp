@@ -141,6 +141,16 @@ constexpr std::size_t model_input_rank() {
   if constexpr (requires { Model::input_rank; }) return Model::input_rank;
   else return 2;
 }
+/// The element type of the model's input batches: its compute dtype, or the integer
+/// dtype of a module whose forward takes token ids.
+template <class Model, class = void>
+struct model_input_type {
+  using type = typename Model::policy::compute;
+};
+template <class Model>
+struct model_input_type<Model, std::void_t<typename Model::input_type>> {
+  using type = typename Model::input_type;
+};
 template <class Model>
 constexpr bool check_model_output() {
   if constexpr (requires { Model::output_rank; }) {
@@ -202,7 +212,10 @@ class trainer {
   /// The rank of the model's input batches: 2 [batch, features], or 4 [batch, channels,
   /// height, width] for a model that starts with a convolution.
   static constexpr std::size_t input_rank = detail::model_input_rank<Model>();
-  using input_view = tensor_view<const C, device, input_rank>;
+  /// The input batches' element type: C, or int64/int32 token ids for a module over ids.
+  using input_type = typename detail::model_input_type<Model>::type;
+  static constexpr bool takes_ids = std::is_integral_v<input_type>;
+  using input_view = tensor_view<const input_type, device, input_rank>;
 
   trainer(Model& model, Optimizer& opt, Loss loss = {}, options o = {})
     requires(std::is_same_v<Scaler, no_scaler>)
@@ -399,7 +412,7 @@ class trainer {
     drop_graphs();  // the loss's buffers may be resized for the test batches
     last_shape_valid_ = false;
     tensor<A, device, 1> acc = zeros<A, device>(extents<1>{2});
-    std::int64_t samples = 0;
+    std::int64_t samples = 0, rows = 0;
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (requires { loss_.set_batch_tag(std::int64_t{}); }) loss_.set_batch_tag(-1);  // not a training batch
     for (auto& b : batches) {
@@ -413,13 +426,16 @@ class trainer {
       locus::detail::launch_n<device>(1, locus::detail::accumulate_scalar_kernel<A>{acc.data_handle() + 1,
                                                                                      correct.data_handle(), A(1)});
       samples += xv.shape()[0];
+      rows += out.shape()[0];
     }
     loss_.check_labels();
     const auto h = to<cpu>(acc);
     metrics m;
     m.samples = samples;
-    m.loss = samples ? static_cast<double>(h(0)) / static_cast<double>(samples) : 0.0;
-    m.accuracy = samples ? static_cast<double>(h(1)) / static_cast<double>(samples) : 0.0;
+    // per output row: a sample's (a classifier's), or a token's (a sequence model's logits
+    // [batch * time, vocabulary])
+    m.loss = rows ? static_cast<double>(h(0)) / static_cast<double>(rows) : 0.0;
+    m.accuracy = rows ? static_cast<double>(h(1)) / static_cast<double>(rows) : 0.0;
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.samples_per_s = m.seconds > 0 ? static_cast<double>(samples) / m.seconds : 0.0;
     m.peak_bytes = memory_stats<device>().peak_allocated_bytes;
@@ -680,6 +696,11 @@ class trainer {
   static void check_nonempty(const input_view& xv) {
     if (xv.shape()[0] == 0)
       throw shape_error("locus: the trainer got an empty batch (0 samples); a training step needs at least one");
+    if constexpr (takes_ids) {
+      if (xv.numel() == 0)
+        throw shape_error("locus: the trainer got a batch of empty sequences (shape " +
+                          locus::detail::shape_string(xv.shape()) + "); a sequence needs at least one token");
+    }
   }
 
   static std::string address(const void* p) {
@@ -695,6 +716,8 @@ class trainer {
     using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
     if constexpr (!check_batch_operand<X>()) {
       return input_view{};  // check_batch_operand() reported it
+    } else if constexpr (takes_ids) {
+      return input_ids(x);
     } else if constexpr (tr::rank != input_rank && input_rank == 2) {
       static_assert(locus::detail::always_false<X>,
                     "locus: the trainer's input batch is rank 2 [batch, features]; reshape images "
@@ -726,6 +749,42 @@ class trainer {
       nn::detail::ensure_numel(x_cast_, v.numel());
       locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, C>{v.data_handle(), x_cast_.data_handle()});
       return nn::detail::shaped(x_cast_, v.shape());
+    }
+  }
+
+  /// A batch of token ids for a model whose forward takes ids: of the model's integer
+  /// dtype, or another integer dtype (converted; every id must fit).
+  template <class X>
+  input_view input_ids(const X& x) {
+    using tr = locus::detail::tensor_traits<std::remove_cvref_t<X>>;
+    using T = typename tr::value_type;
+    if constexpr (tr::rank != input_rank) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: this model's forward takes token ids of another rank than the batch's (ids<2>: "
+                    "[batch, time]); reshape the batch, e.g. x.reshape({batch, time})");
+      return input_view{};
+    } else if constexpr (std::is_same_v<T, input_type>) {
+      return locus::detail::as_view_const(x);
+    } else if constexpr (!std::is_integral_v<T> || std::is_same_v<T, bool>) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: this model's forward takes integer token ids (ids<2>: int64 [batch, time]), but the "
+                    "batch holds floating-point or bool values; pass the ids themselves, e.g. "
+                    "locus::eval(locus::cast<std::int64_t>(x)) of integers");
+      return input_view{};
+    } else if constexpr (std::cmp_less(std::numeric_limits<T>::min(), std::numeric_limits<input_type>::min()) ||
+                         std::cmp_greater(std::numeric_limits<T>::max(), std::numeric_limits<input_type>::max())) {
+      static_assert(locus::detail::always_false<X>,
+                    "locus: the batch's integer dtype holds ids that this model's id dtype does not (int64 into "
+                    "int32, uint64 into int64): a conversion could wrap an id into the vocabulary; pass ids of the "
+                    "forward's dtype, or declare the forward over int64 ids: ids<2, std::int64_t>");
+      return input_view{};
+    } else {
+      const auto v = locus::detail::as_view_const(x);
+      if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
+      nn::detail::ensure_numel(x_ids_, v.numel());
+      locus::detail::launch_n<device>(v.numel(),
+                                      locus::detail::cast_kernel<T, input_type>{v.data_handle(), x_ids_.data_handle()});
+      return nn::detail::shaped(x_ids_, v.shape());
     }
   }
 
@@ -1057,7 +1116,7 @@ class trainer {
   using target_tensor = tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device,
                                loss_state::target_view::rank>;
 
-  using graph_state = detail::graph_state<C, device, input_rank, target_tensor>;
+  using graph_state = detail::graph_state<input_type, device, input_rank, target_tensor>;
 
   /// One step in graph mode (see the header comment).
   template <class X, class Y>
@@ -1077,7 +1136,7 @@ class trainer {
       if (o_.schedule && update) opt_->set_lr(o_.schedule(optimizer_steps_, base_lr_));
       if (g.x.shape() != xv.shape() || g.y.shape() != yv.shape() || g.x.data_handle() == nullptr) {
         g.drop();  // the graphs point at buffers this shape reallocates
-        g.x = tensor<C, device, input_rank>(xv.shape());
+        g.x = tensor<input_type, device, input_rank>(xv.shape());
         g.y = target_tensor(yv.shape());
       }
       LOCUS_CUDA_CHECK(cudaMemcpyAsync(g.x.data_handle(), xv.data_handle(), g.x.size_bytes(),
@@ -1175,6 +1234,7 @@ class trainer {
   typename Model::store_type::grad_snapshot grad_saved_;
   preflight_result preflight_;  // cuda: what the constructor's preflight noted
   tensor<C, device, 1> x_cast_;
+  tensor<input_type, device, 1> x_ids_;  // a batch of ids of another integer dtype, converted
   tensor<std::remove_cv_t<typename loss_state::target_view::element_type>, device, loss_state::target_view::rank> y_cast_;
 };
 
