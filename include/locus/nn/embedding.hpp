@@ -35,17 +35,6 @@
 namespace locus::nn {
 
 namespace detail {
-// Prevents: an embedding on another device or precision policy than its module (its
-// table would live apart from the model's store).
-template <class Parent, Device D, class Policy>
-constexpr bool embedding_in_place() {
-  constexpr bool ok = std::is_same_v<typename Parent::device, D> &&
-                      std::is_same_v<typename Parent::policy, ::locus::detail::checked_policy_t<Policy>>;
-  static_assert(ok, "locus: an embedding lives on another device or precision policy than its module (its table "
-                    "would live apart from the model's store); declare it with the module's: nn::embedding<D, P>");
-  return ok;
-}
-
 inline index_t positive_extent(index_t n, const std::string& what, const char* which) {
   if (n <= 0)
     throw value_error("locus: " + what + " needs a positive " + which + ", got " + std::to_string(n));
@@ -64,8 +53,8 @@ class embedding {
   template <class Parent>
   embedding(Parent* parent, std::string name, index_t vocabulary, index_t dim,
             param_init init = param_init::normal(0.0, 1.0))
-      : vocabulary_((detail::embedding_in_place<Parent, D, Policy>(), detail::positive_extent(vocabulary, "nn::embedding '" + parent->prefix() + name + "'",
-                                            "vocabulary size"))),
+      : vocabulary_(detail::positive_extent(vocabulary, "nn::embedding '" + parent->prefix() + name + "'",
+                                            "vocabulary size")),
         dim_(detail::positive_extent(dim, "nn::embedding '" + parent->prefix() + name + "'", "dimension")),
         name_(parent->prefix() + name),
         weight_(parent, name + ".weight", extents<2>{vocabulary, dim}, init) {}
@@ -99,12 +88,12 @@ class embedding {
                     "them with tape.ids(x)");
     else if constexpr (ag::is_ids_v<X> && !std::is_same_v<typename X::device, D>)
       static_assert(::locus::detail::always_false<X>,
-                    "locus: nn::embedding got ids of another device than its table; move them with "
-                    "locus::to<D>(ids) before the forward");
+                    "locus: nn::embedding got ids of another device than its table; declare the embedding with "
+                    "its module's device (nn::embedding<D, P>), or move the ids: locus::to<D>(ids)");
     else if constexpr (ag::is_ids_v<X>)
       static_assert(::locus::detail::always_false<X>,
-                    "locus: nn::embedding got ids of a tape of another compute dtype than its module's precision "
-                    "policy; declare it with the module's policy: nn::embedding<D, P>");
+                    "locus: nn::embedding got ids of a tape of another compute dtype than its table's precision "
+                    "policy; declare the embedding with its module's policy: nn::embedding<D, P>");
     else
       static_assert(::locus::detail::always_false<X>,
                     "locus: nn::embedding takes a forward's ids (ag::ids: tape.ids(x), or the argument of "
@@ -136,8 +125,8 @@ class positional_embedding {
   template <class Parent>
   positional_embedding(Parent* parent, std::string name, index_t context, index_t dim,
                        param_init init = param_init::normal(0.0, 1.0))
-      : context_((detail::embedding_in_place<Parent, D, Policy>(), detail::positive_extent(context, "nn::positional_embedding '" + parent->prefix() + name + "'",
-                                         "context length"))),
+      : context_(detail::positive_extent(context, "nn::positional_embedding '" + parent->prefix() + name + "'",
+                                         "context length")),
         dim_(detail::positive_extent(dim, "nn::positional_embedding '" + parent->prefix() + name + "'",
                                      "dimension")),
         name_(parent->prefix() + name),
