@@ -21,6 +21,9 @@
 
 #include <locus/ag/ops.hpp>
 #include <locus/locus.hpp>
+#include <locus/nn/embedding.hpp>
+#include <locus/nn/module.hpp>
+#include <locus/nn/norm.hpp>
 #if defined(LOCUS_HAS_JSON) && LOCUS_HAS_JSON
 #include <locus/io/safetensors.hpp>
 #endif
@@ -99,5 +102,111 @@ TEST_CASE("A small GPT equals PyTorch in f64: logits, loss and every gradient" *
     ++checked;
   }
   CHECK(checked == 4 + 12 * L);  // wte, wpe, ln_f's two, 12 per block: every parameter
+#endif
+}
+
+// The same GPT written as users write a model: an nn::model of modules over token ids
+// (nn::embedding, nn::positional_embedding, nn::layer<layer_norm> and <linear> members,
+// a child per block named "h.0", "h.1", the output projection tied to wte through
+// wte.weight().on(x)). PyTorch's weights load by name (named_parameters() spells the
+// store's names), the logits equal PyTorch's, and the gradients of the mean
+// cross-entropy (its dL/dlogits computed here in f64, (softmax - one_hot) / rows) equal
+// PyTorch's autograd.
+namespace {
+namespace gpt {
+namespace nn = locus::nn;
+namespace ag = locus::ag;
+using locus::index_t;
+constexpr index_t V = 11, T = 9, C = 12, H = 3, L = 2, B = 2;
+
+template <class D, class P>
+struct block : nn::module<D, P> {
+  nn::layer<nn::layer_norm<D, P>> ln_1{this, "ln_1", C};
+  nn::layer<nn::linear<D, P>> c_attn{this, "c_attn", C, 3 * C};
+  nn::layer<nn::linear<D, P>> c_proj{this, "c_proj", C, C};
+  nn::layer<nn::layer_norm<D, P>> ln_2{this, "ln_2", C};
+  nn::layer<nn::linear<D, P>> c_fc{this, "c_fc", C, 4 * C};
+  nn::layer<nn::linear<D, P>> mlp_proj{this, "mlp_proj", 4 * C, C};
+  auto forward(const typename block::template var<2>& x) {  // [B * T, C]
+    const auto qkv = c_attn(ln_1(x));
+    const auto heads = [&](index_t part) {
+      return ag::transpose(ag::reshape(ag::slice(qkv, 1, part * C, (part + 1) * C), locus::extents<4>{B, T, H, C / H}),
+                           1, 2);
+    };
+    const auto att = ag::scaled_dot_product_attention(heads(0), heads(1), heads(2), {.causal = true});
+    const auto y = x + c_proj(ag::reshape(ag::transpose(att, 1, 2), locus::extents<2>{B * T, C}));
+    return y + mlp_proj(c_fc(ln_2(y), ag::fused::gelu));
+  }
+};
+
+template <class D, class P>
+struct model : nn::module<D, P> {
+  nn::embedding<D, P> wte{this, "wte", V, C};
+  nn::positional_embedding<D, P> wpe{this, "wpe", T, C};
+  nn::child<block<D, P>> h0{this, "h.0"};
+  nn::child<block<D, P>> h1{this, "h.1"};
+  nn::layer<nn::layer_norm<D, P>> ln_f{this, "ln_f", C};
+  auto forward(const typename model::template ids<2>& x) {
+    const auto e = ag::reshape(wpe(wte(x)), locus::extents<2>{B * T, C});
+    return ag::linear(ln_f(h1(h0(e))), wte.weight().on(x));  // [B * T, V], tied
+  }
+};
+}  // namespace gpt
+}  // namespace
+
+TEST_CASE("The GPT module equals PyTorch in f64: weights load by name, logits and every gradient" * doctest::skip()) {
+#if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
+  FAIL("reading the PyTorch file needs locus/io/safetensors.hpp, which needs nlohmann-json");
+#else
+  using D = locus::cpu;
+  using locus::index_t;
+  const char* env = std::getenv("LOCUS_GPT_TORCH_FILE");
+  if (env == nullptr || *env == '\0') FAIL("LOCUS_GPT_TORCH_FILE is not set (tests/python/gpt_torch.py FILE writes it)");
+  const std::filesystem::path file = env;
+  if (!std::filesystem::exists(file)) FAIL("LOCUS_GPT_TORCH_FILE names " << file << ", which does not exist");
+  const auto a = locus::io::load<D>(file);
+  locus::nn::model<gpt::model<D, locus::amp::fp64>> m;
+  auto& st = m.parameters();
+  REQUIRE(st.entries().size() == 4 + 12 * gpt::L);
+  for (const auto& e : st.entries()) {
+    const auto w = a.template flat<double>("w." + e.name);  // a name PyTorch does not have: an error here
+    REQUIRE_MESSAGE(w.numel() == e.numel, e.name << ": PyTorch has " << w.numel() << " elements, locus " << e.numel);
+    for (index_t i = 0; i < e.numel; ++i) st.master().data_handle()[e.offset + i] = w.data_handle()[i];
+  }
+  st.sync_compute();
+  const auto ids = a.template get<std::int64_t, 2>("ids");
+  const auto targets = a.template get<std::int64_t, 2>("targets");
+  st.zero_grad();
+  const auto logits = m.forward(ids.view());
+  REQUIRE(logits.shape() == locus::extents<2>{gpt::B * gpt::T, gpt::V});
+  // dL/dlogits of the mean cross-entropy, and the loss, in f64 here
+  const index_t rows = gpt::B * gpt::T;
+  locus::tensor<double, D, 2> g({rows, gpt::V});
+  double loss = 0;
+  for (index_t r = 0; r < rows; ++r) {
+    double mx = -1e300, z = 0;
+    for (index_t j = 0; j < gpt::V; ++j) mx = std::max(mx, logits(r, j));
+    for (index_t j = 0; j < gpt::V; ++j) z += std::exp(logits(r, j) - mx);
+    const index_t label = targets.data_handle()[r];
+    loss += (mx + std::log(z) - logits(r, label)) / static_cast<double>(rows);
+    for (index_t j = 0; j < gpt::V; ++j)
+      g(r, j) = (std::exp(logits(r, j) - mx) / z - (j == label ? 1.0 : 0.0)) / static_cast<double>(rows);
+  }
+  (void)m.backward(g.view());
+  const auto compare = [&](const std::string& key, const double* got, index_t count) {
+    const auto want = a.template flat<double>(key);
+    REQUIRE_MESSAGE(want.numel() == count, key << ": PyTorch has " << want.numel() << " elements, locus " << count);
+    double worst = 0;
+    for (index_t i = 0; i < count; ++i)
+      worst = std::max(worst, std::abs(got[i] - want.data_handle()[i]) / (1.0 + std::abs(want.data_handle()[i])));
+    INFO(key << ": largest difference from PyTorch " << worst);
+    CHECK(worst < 1e-12);
+  };
+  compare("logits", logits.data_handle(), logits.numel());
+  compare("loss", &loss, 1);
+  for (const auto& e : st.entries()) compare("g." + e.name, st.grad().data_handle() + e.offset, e.numel);
+  // inference gives the same logits
+  const auto again = m.infer(ids.view());
+  compare("logits", again.data_handle(), again.numel());
 #endif
 }

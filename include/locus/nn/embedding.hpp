@@ -57,7 +57,9 @@ class embedding {
                                             "vocabulary size")),
         dim_(detail::positive_extent(dim, "nn::embedding '" + parent->prefix() + name + "'", "dimension")),
         name_(parent->prefix() + name),
-        weight_(parent, name + ".weight", extents<2>{vocabulary, dim}, init) {}
+        weight_(parent, name + ".weight", extents<2>{vocabulary, dim}, init) {
+    parent->registry()->store.mark_embedding(weight_.index());
+  }
   embedding(const embedding&) = delete;
   embedding& operator=(const embedding&) = delete;
 
@@ -130,7 +132,9 @@ class positional_embedding {
         dim_(detail::positive_extent(dim, "nn::positional_embedding '" + parent->prefix() + name + "'",
                                      "dimension")),
         name_(parent->prefix() + name),
-        weight_(parent, name + ".weight", extents<2>{context, dim}, init) {}
+        weight_(parent, name + ".weight", extents<2>{context, dim}, init) {
+    parent->registry()->store.mark_embedding(weight_.index());
+  }
   positional_embedding(const positional_embedding&) = delete;
   positional_embedding& operator=(const positional_embedding&) = delete;
 

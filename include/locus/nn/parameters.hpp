@@ -32,6 +32,9 @@ struct parameter_info {
   index_t offset = 0;
   index_t numel = 0;
   std::vector<index_t> shape;
+  /// An embedding table (nn::embedding's, nn::positional_embedding's): what
+  /// optim::no_decay_group leaves without weight decay, as transformer recipes do.
+  bool embedding = false;
 
   [[nodiscard]] std::string shape_string() const {
     std::string s = "[";
@@ -73,6 +76,12 @@ class parameter_store {
                         " makes the model's parameters larger than 64-bit byte offsets address");
     entries_.push_back(std::move(p));
     return entries_.size() - 1;
+  }
+
+  /// Marks parameter i as an embedding table (parameter_info::embedding).
+  void mark_embedding(std::size_t i) {
+    if (i >= entries_.size()) throw index_error("locus: mark_embedding of parameter " + std::to_string(i) + " of " + std::to_string(entries_.size()));
+    entries_[i].embedding = true;
   }
 
   /// Allocates the flat buffers (gradients zeroed, weights uninitialised).

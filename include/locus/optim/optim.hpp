@@ -39,11 +39,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <numbers>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../amp/policy.hpp"
 #include "../core/error.hpp"
@@ -56,6 +59,27 @@
 #include "../transfer/copy.hpp"
 
 namespace locus::optim {
+
+/// A parameter group (PyTorch's param_groups): the parameters it names (the store's
+/// names, "h.0.ln_1.weight") and their weight decay. Parameters in no group have the
+/// optimizer's weight_decay option. See no_decay_group for the transformer recipe.
+struct param_group {
+  std::vector<std::string> names;
+  double weight_decay = 0.0;
+};
+
+/// The transformer recipe's group without weight decay (GPT-2, nanoGPT, Hugging Face's
+/// Trainer): every parameter of rank 1 (biases, norms' gains) and every embedding table
+/// (nn::embedding's, nn::positional_embedding's). The rest (linear and convolution
+/// weights) keeps the optimizer's weight_decay:
+///   optim::adamw<D> opt(m.parameters(), {.lr = 3e-4, .weight_decay = 0.1}, {optim::no_decay_group(m.parameters())});
+template <Device D, class Policy>
+param_group no_decay_group(const nn::parameter_store<D, Policy>& store) {
+  param_group g;
+  for (const auto& e : store.entries())
+    if (e.shape.size() <= 1 || e.embedding) g.names.push_back(e.name);
+  return g;
+}
 
 namespace detail {
 using locus::detail::step_state;
@@ -249,6 +273,36 @@ struct square_of_unscaled {
   }
 };
 
+/// Parameter groups' weight decay over the flat buffer (on the optimizer's device): n
+/// segments, segment k from begin[k] to begin[k + 1] (the last to the end) with decay
+/// wd[k]. n = 0: every element has the optimizer's weight_decay.
+struct decay_segments {
+  const index_t* begin = nullptr;
+  const float* wd = nullptr;
+  int n = 0;
+  /// The segment of element i (binary search: the last k with begin[k] <= i).
+  LOCUS_HOST_DEVICE int find(index_t i) const {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (begin[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+  LOCUS_HOST_DEVICE float at(index_t i, float uniform) const { return n == 0 ? uniform : wd[find(i)]; }
+  /// f(first, count, wd) for each segment of [0, total) (one call with `uniform` when n = 0).
+  /// Host only: begin and wd are read directly (host devices' memory).
+  template <class F>
+  void each(index_t total, float uniform, F&& f) const {
+    if (n == 0) return f(index_t{0}, total, uniform);
+    for (int k = 0; k < n; ++k) {
+      const index_t b = begin[k], e = k + 1 < n ? begin[k + 1] : total;
+      if (e > b) f(b, e - b, wd[k]);
+    }
+  }
+};
+
 /// AdamW's element update for the fused step (adamw_kernel's arithmetic).
 template <class C>
 struct adamw_elem {
@@ -258,19 +312,22 @@ struct adamw_elem {
   C* pc;
   const step_vars* vars;  // graph mode: lr from the device
   float lr, beta1, beta2, eps, weight_decay;
+  decay_segments groups{};
   LOCUS_HOST_DEVICE void operator()(index_t i, float gi, const update_scalars& sc) const {
     const float l = vars ? vars->lr : lr;
     float mi = m[i], vi = v[i];
-    const float pi =
-        locus::detail::adamw_kernel<C>::update(p[i], gi, mi, vi, l, beta1, beta2, eps, weight_decay, sc.bias1, sc.rsqrt_bias2);
+    const float pi = locus::detail::adamw_kernel<C>::update(p[i], gi, mi, vi, l, beta1, beta2, eps,
+                                                            groups.at(i, weight_decay), sc.bias1, sc.rsqrt_bias2);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
     if (pc) pc[i] = locus::detail::store<C>(pi);
   }
   void host(index_t n, const float* gs, float inv, bool scaled, float clip, const update_scalars& sc) const {
-    locus::detail::adamw_host_n<C>(n, p, gs, m, v, pc, inv, scaled, clip, vars ? vars->lr : lr, beta1, beta2, eps,
-                                   weight_decay, sc.bias1, sc.rsqrt_bias2);
+    groups.each(n, weight_decay, [&](index_t b, index_t count, float wd) {
+      locus::detail::adamw_host_n<C>(count, p + b, gs + b, m + b, v + b, pc ? pc + b : nullptr, inv, scaled, clip,
+                                     vars ? vars->lr : lr, beta1, beta2, eps, wd, sc.bias1, sc.rsqrt_bias2);
+    });
   }
 };
 
@@ -283,9 +340,10 @@ struct sgd_elem {
   const step_vars* vars;
   float lr, momentum, dampening, weight_decay;
   bool nesterov;
+  decay_segments groups{};
   LOCUS_HOST_DEVICE void operator()(index_t i, float gi, const update_scalars& sc) const {
     const float l = vars ? vars->lr : lr;
-    float d = gi + weight_decay * p[i];
+    float d = gi + groups.at(i, weight_decay) * p[i];
     if (buf) {
       const float b = sc.first ? d : momentum * buf[i] + (1.0f - dampening) * d;
       buf[i] = b;
@@ -391,13 +449,92 @@ class optimizer_base {
   /// The GPU its state lives on (the one current when it was built); -1 on host devices.
   [[nodiscard]] int device_index() const noexcept { return steps_.device_index(); }
 
+  /// The weight decay of the store's parameter i (its group's, else the weight_decay option).
+  [[nodiscard]] double weight_decay_of(std::size_t i) const {
+    if (i >= decay_.size())
+      throw index_error("locus: the optimizer has " + std::to_string(decay_.size()) + " parameters, not " +
+                        std::to_string(i + 1));
+    return decay_[i];
+  }
+  /// Each parameter's weight decay as text ("default=value", then ";name=value" for each
+  /// parameter whose decay is not the weight_decay option): what checkpoints record.
+  [[nodiscard]] std::string weight_decay_record() const {
+    std::string out = "default=" + exact_text(o_.weight_decay);
+    for (std::size_t i = 0; i < decay_.size(); ++i)
+      if (decay_[i] != o_.weight_decay) out += ";" + names_[i] + "=" + exact_text(decay_[i]);
+    return out;
+  }
+
  protected:
   template <Device MD, class Policy>
-  optimizer_base(nn::parameter_store<MD, Policy>& params, const Options& o)
+  optimizer_base(nn::parameter_store<MD, Policy>& params, const Options& o, const std::vector<param_group>& groups)
       : params_(bound_parameters<D>::template bind<MD, Policy>(params)),
         o_(o),
         steps_(zeros<std::int64_t, D>(extents<1>{1})),
-        scalars_(zeros<std::int32_t, D>(extents<1>{static_cast<index_t>(sizeof(fused_scalars) / 4)})) {}
+        scalars_(zeros<std::int32_t, D>(extents<1>{static_cast<index_t>(sizeof(fused_scalars) / 4)})) {
+    set_groups(params, groups);
+  }
+
+  static std::string exact_text(double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return buf;
+  }
+
+  /// Each parameter's decay from the groups (checked: known names, each in one group at
+  /// most, valid decays), and the segments the update kernels read.
+  template <Device MD, class Policy>
+  void set_groups(const nn::parameter_store<MD, Policy>& store, const std::vector<param_group>& groups) {
+    const auto& entries = store.entries();
+    std::vector<double> decay(entries.size(), o_.weight_decay);
+    std::vector<int> owner(entries.size(), -1);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      check_option("weight_decay", groups[g].weight_decay, 0.0, false);
+      for (const auto& name : groups[g].names) {
+        const std::size_t i = store.index_of(name);  // an index_error listing the names
+        if (owner[i] >= 0)
+          throw value_error("locus: parameter '" + name + "' is in parameter groups " + std::to_string(owner[i]) +
+                            " and " + std::to_string(g) + "; a parameter belongs to one group at most");
+        owner[i] = static_cast<int>(g);
+        decay[i] = groups[g].weight_decay;
+      }
+    }
+    decay_ = std::move(decay);
+    names_.clear();
+    for (const auto& e : entries) names_.push_back(e.name);
+    std::vector<index_t> begins;
+    std::vector<float> wds;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const float wd = static_cast<float>(decay_[i]);
+      if (!wds.empty() && wds.back() == wd) continue;  // (the padding after a parameter goes with it)
+      begins.push_back(i == 0 ? 0 : entries[i].offset);
+      wds.push_back(wd);
+    }
+    host_segments_.clear();
+    segments_ = {};
+    if (wds.empty() || (wds.size() == 1 && wds[0] == static_cast<float>(o_.weight_decay))) return;
+    tensor<index_t, cpu, 1> hb(extents<1>{static_cast<index_t>(begins.size())});
+    tensor<float, cpu, 1> hw(extents<1>{static_cast<index_t>(wds.size())});
+    for (std::size_t k = 0; k < begins.size(); ++k) {
+      hb(static_cast<index_t>(k)) = begins[k];
+      hw(static_cast<index_t>(k)) = wds[k];
+      host_segments_.emplace_back(begins[k], wds[k]);
+    }
+    seg_begin_ = to<D>(hb);
+    seg_wd_ = to<D>(hw);
+    segments_ = decay_segments{seg_begin_.data_handle(), seg_wd_.data_handle(), static_cast<int>(wds.size())};
+  }
+  /// f(first, count, wd) for each segment of the flat buffer (one call when uniform): the
+  /// non-fused steps launch one update per segment.
+  template <class F>
+  void each_segment(float uniform, F&& f) const {
+    if (host_segments_.empty()) return f(index_t{0}, params_.n, uniform);
+    for (std::size_t k = 0; k < host_segments_.size(); ++k) {
+      const index_t b = host_segments_[k].first;
+      const index_t e = k + 1 < host_segments_.size() ? host_segments_[k + 1].first : params_.n;
+      if (e > b) f(b, e - b, host_segments_[k].second);
+    }
+  }
 
   fused_scalars* fused() noexcept { return reinterpret_cast<fused_scalars*>(scalars_.data_handle()); }
 
@@ -465,6 +602,14 @@ class optimizer_base {
   Options o_;
   tensor<std::int64_t, D, 1> steps_;
   tensor<std::int32_t, D, 1> scalars_;
+  // parameter groups: each parameter's decay and name, and the kernels' segments (on D
+  // for the fused update's lookup, on the host for the non-fused steps' launches)
+  std::vector<double> decay_;
+  std::vector<std::string> names_;
+  tensor<index_t, D, 1> seg_begin_;
+  tensor<float, D, 1> seg_wd_;
+  decay_segments segments_{};
+  std::vector<std::pair<index_t, float>> host_segments_;
 };
 
 }  // namespace detail
@@ -503,9 +648,10 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
     return o;
   }
 
+  /// groups: parameter groups with their own weight decay (the rest has o.weight_decay).
   template <Device MD, class Policy>
-  adamw(nn::parameter_store<MD, Policy>& params, adamw_options o = {})
-      : base(params, checked(o)),
+  adamw(nn::parameter_store<MD, Policy>& params, adamw_options o = {}, const std::vector<param_group>& groups = {})
+      : base(params, checked(o), groups),
         m_(zeros<float, D>(extents<1>{this->params_.n})),
         v_(zeros<float, D>(extents<1>{this->params_.n})) {}
 
@@ -534,7 +680,7 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
       this->run_update(detail::adamw_elem<C>{pr.p, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), a.vars,
                                              static_cast<float>(o.lr), static_cast<float>(o.beta1),
                                              static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                                             static_cast<float>(o.weight_decay)},
+                                             static_cast<float>(o.weight_decay), this->segments_},
                        a);
     });
   }
@@ -553,12 +699,15 @@ class adamw : public detail::optimizer_base<D, adamw_options> {
     const auto& pr = this->params_;
     detail::with_compute(pr.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
-      locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{
-                                      pr.p, pr.g, m_.data_handle(), v_.data_handle(), static_cast<C*>(pr.pc), sc,
-                                      static_cast<float>(o.lr), static_cast<float>(o.beta1),
-                                      static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                                      static_cast<float>(o.weight_decay)},
-                                  pr.n);
+      C* pc = static_cast<C*>(pr.pc);
+      this->each_segment(static_cast<float>(o.weight_decay), [&](index_t b, index_t count, float wd) {
+        locus::detail::run_adamw<D>(locus::detail::adamw_kernel<C>{pr.p + b, pr.g + b, m_.data_handle() + b,
+                                                                   v_.data_handle() + b, pc ? pc + b : nullptr, sc,
+                                                                   static_cast<float>(o.lr), static_cast<float>(o.beta1),
+                                                                   static_cast<float>(o.beta2),
+                                                                   static_cast<float>(o.eps), wd},
+                                    count);
+      });
     });
   }
 
@@ -589,8 +738,10 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
     return o;
   }
 
+  /// groups: parameter groups with their own weight decay (the rest has o.weight_decay).
   template <Device MD, class Policy>
-  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {}) : base(params, checked(o)) {
+  sgd(nn::parameter_store<MD, Policy>& params, sgd_options o = {}, const std::vector<param_group>& groups = {})
+      : base(params, checked(o), groups) {
     if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
       throw ::locus::value_error("locus: Nesterov momentum needs momentum > 0 and dampening 0");
     if (o.momentum != 0.0) buf_ = zeros<float, D>(extents<1>{this->params_.n});
@@ -611,7 +762,7 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
       this->run_update(detail::sgd_elem<C>{pr.p, o.momentum != 0.0 ? buf_.data_handle() : nullptr,
                                            static_cast<C*>(pr.pc), a.vars, static_cast<float>(o.lr),
                                            static_cast<float>(o.momentum), static_cast<float>(o.dampening),
-                                           static_cast<float>(o.weight_decay), o.nesterov},
+                                           static_cast<float>(o.weight_decay), o.nesterov, this->segments_},
                        a);
     });
   }
@@ -627,11 +778,14 @@ class sgd : public detail::optimizer_base<D, sgd_options> {
     const auto& pr = this->params_;
     detail::with_compute(pr.kind, [&](auto* tag) {
       using C = std::remove_pointer_t<decltype(tag)>;
-      locus::detail::launch_n<D>(pr.n, locus::detail::sgd_kernel<C>{
-                                           pr.p, pr.g, o.momentum != 0.0 ? buf_.data_handle() : nullptr,
-                                           static_cast<C*>(pr.pc), sc, static_cast<float>(o.lr),
-                                           static_cast<float>(o.momentum), static_cast<float>(o.dampening),
-                                           static_cast<float>(o.weight_decay), o.nesterov});
+      C* pc = static_cast<C*>(pr.pc);
+      float* buf = o.momentum != 0.0 ? buf_.data_handle() : nullptr;
+      this->each_segment(static_cast<float>(o.weight_decay), [&](index_t b, index_t count, float wd) {
+        locus::detail::launch_n<D>(count, locus::detail::sgd_kernel<C>{
+                                              pr.p + b, pr.g + b, buf ? buf + b : nullptr, pc ? pc + b : nullptr, sc,
+                                              static_cast<float>(o.lr), static_cast<float>(o.momentum),
+                                              static_cast<float>(o.dampening), wd, o.nesterov});
+      });
     });
   }
 

@@ -193,6 +193,7 @@ void save_checkpoint(const std::filesystem::path& path, Trainer& t, std::int64_t
   w.metadata("seed", std::to_string(model.seed()));
   w.metadata("policy", std::string(P::name));
   w.metadata("optimizer", Trainer::optimizer_kind);
+  w.metadata("optimizer.weight_decay", t.optimizer().weight_decay_record());
   model.for_each_layer([&](std::size_t i, auto& layer) {
     if constexpr (requires { layer.counter(); }) w.metadata("rng." + std::to_string(i), std::to_string(layer.counter()));
   });
@@ -302,6 +303,14 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
                     "resume with the precision policy the checkpoint was saved with");
   detail::meta_name(meta, "optimizer", Trainer::optimizer_kind, path,
                     "resume with the optimizer the checkpoint was saved with");
+  // the parameter groups' weight decay (files before them recorded none)
+  if (const auto f = meta.find("optimizer.weight_decay"); f != meta.end()) {
+    const std::string now = t.optimizer().weight_decay_record();
+    if (f->second != now)
+      throw value_error("locus: checkpoint '" + path + "' was saved by an optimizer whose weight decay per parameter "
+                        "was '" + io::detail::printable(f->second) + "', but this one's is '" + now +
+                        "'; resume with the weight_decay option and the parameter groups it was saved with");
+  }
   if (meta.count("seed")) (void)detail::meta_counter(meta, "seed", path);
   std::map<std::size_t, std::uint64_t> rng;
   model.for_each_layer([&](std::size_t i, auto& layer) {
