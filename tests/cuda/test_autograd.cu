@@ -1,7 +1,9 @@
 // CUDA suite: the tape's layout operations (ag/shapes.hpp), attention and rms_norm
 // (ag/attention.hpp, ag/norm.hpp) and nn::param on cuda give the gradients the host tape
 // gives for the same inputs (the host ones are checked against f64 finite differences in
-// tests/test_autograd_shapes.cpp, test_attention.cpp and test_param.cpp).
+// tests/test_autograd_shapes.cpp, test_attention.cpp and test_param.cpp); a model over
+// token ids (nn::embedding, learned positions, a tied projection) trained by the trainer
+// with AdamW's parameter groups on cuda ends where the same run on the host ends.
 // Skipped, and reported so, without a GPU.
 #include <doctest/doctest.h>
 
@@ -10,7 +12,9 @@
 
 #include <locus/ag/ops.hpp>
 #include <locus/locus.hpp>
+#include <locus/nn/embedding.hpp>
 #include <locus/nn/param.hpp>
+#include <locus/train.hpp>
 
 namespace {
 namespace ag = locus::ag;
@@ -105,4 +109,48 @@ TEST_CASE("attention, rope and rms_norm on cuda give what the host tape gives") 
   const auto c = attention_grads<locus::cuda>(q, k, v);
   REQUIRE(h.size() == c.size());
   for (std::size_t i = 0; i < h.size(); ++i) CHECK(c[i] == doctest::Approx(h[i]).epsilon(1e-4).scale(1.0));
+}
+
+namespace {
+template <class D, class P>
+struct tiny_lm : locus::nn::module<D, P> {
+  locus::nn::embedding<D, P> wte{this, "wte", 7, 6};
+  locus::nn::positional_embedding<D, P> wpe{this, "wpe", 5, 6};
+  locus::nn::layer<locus::nn::linear<D, P>> fc{this, "fc", 6, 6};
+  auto forward(const typename tiny_lm::template ids<2>& x) {
+    const auto s = x.shape();
+    const auto h = ag::reshape(wpe(wte(x)), locus::extents<2>{s[0] * s[1], 6});
+    return ag::linear(ag::tanh(fc(h)), wte.weight().on(x));
+  }
+};
+
+template <class D>
+std::vector<float> trained_lm(const locus::tensor<std::int64_t, locus::cpu, 2>& ids_host,
+                              const locus::tensor<std::int64_t, locus::cpu, 1>& next_host) {
+  locus::nn::model<tiny_lm<D, locus::amp::fp32>> m;
+  locus::optim::adamw<D> opt(m.parameters(), {.lr = 1e-2, .weight_decay = 0.1},
+                             {locus::optim::no_decay_group(m.parameters())});
+  locus::train::trainer t(m, opt, locus::nn::cross_entropy{});
+  const auto ids = locus::to<D>(ids_host);
+  const auto next = locus::to<D>(next_host);
+  for (int s = 0; s < 5; ++s) t.step(ids, next);
+  const auto w = locus::to<locus::cpu>(std::as_const(m.parameters()).master());
+  return {w.data_handle(), w.data_handle() + w.numel()};
+}
+}  // namespace
+
+TEST_CASE("a model over token ids with AdamW's parameter groups trains on cuda as on the host") {
+  locus::tensor<std::int64_t, locus::cpu, 2> ids({2, 4});
+  locus::tensor<std::int64_t, locus::cpu, 1> next({8});
+  for (index_t i = 0; i < 8; ++i) {
+    ids.data_handle()[i] = (i * 5) % 7;
+    next.data_handle()[i] = (i * 5 + 1) % 7;
+  }
+  const auto h = trained_lm<locus::cpu>(ids, next);
+  const auto c = trained_lm<locus::cuda>(ids, next);
+  REQUIRE(h.size() == c.size());
+  for (std::size_t i = 0; i < h.size(); ++i) CHECK(c[i] == doctest::Approx(h[i]).epsilon(1e-4).scale(1.0));
+  // an id outside the vocabulary is refused on cuda too, before the step
+  ids.data_handle()[3] = 7;
+  CHECK_THROWS_AS(trained_lm<locus::cuda>(ids, next), locus::value_error);
 }
