@@ -246,6 +246,22 @@ TEST_CASE("nn::embedding: ids out of range, negative or at the integer extremes 
   CHECK(message([&] { t.step(i32, locus::zeros<std::int64_t, cpu>({4})); }).find("token id -2147483648") != std::string::npos);
   const auto after = locus::to<cpu>(m.parameters().master());
   for (index_t i = 0; i < before.numel(); ++i) REQUIRE(after.data_handle()[i] == before.data_handle()[i]);
+  // a schedule's lr is put back after a refused step
+  {
+    nn::model<tiny_lm<cpu, P>> m2;
+    locus::optim::adamw<cpu> opt2(m2.parameters(), {.lr = 0.01});
+    locus::train::options o;
+    o.schedule = [](std::int64_t s, double base) { return base / double(1 + s); };
+    locus::train::trainer t2(m2, opt2, nn::cross_entropy{}, o);
+    const auto ok = id_batch({1, 2, 3, 4, 5, 6, 0, 1}, 2, 4);
+    t2.step(ok, labels);
+    t2.step(ok, labels);
+    const double lr = opt2.lr();
+    const auto bad = id_batch({1, 2, 3, 9, 0, 0, 0, 0}, 2, 4);
+    CHECK_THROWS_AS(t2.step(bad, labels), locus::value_error);
+    CHECK(opt2.lr() == lr);
+    CHECK(t2.optimizer_steps() == 2);
+  }
   // the good batch still trains afterwards
   const auto good = id_batch({1, 2, 3, 4, 5, 6, 0, 1}, 2, 4);
   t.step(good, labels);

@@ -153,6 +153,18 @@ TEST_CASE("parameter groups: an unknown name, a parameter in two groups and a ba
   } catch (const locus::value_error& e) {
     CHECK(std::string(e.what()).find("parameter 'fc.bias' is in parameter groups 0 and 1") != std::string::npos);
   }
+  try {
+    optim::adamw<cpu> opt(s, {}, {{{"fc.bias", "fc.bias"}, 0.0}});
+    FAIL("a name listed twice was taken");
+  } catch (const locus::value_error& e) {
+    CHECK(std::string(e.what()).find("'fc.bias' is listed twice in parameter group 0") != std::string::npos);
+  }
+  try {
+    optim::sgd<cpu> opt(s, {}, {{{"fc.bias"}, 0.0}, {{"ln.bias"}, -1.0}});
+    FAIL("a negative decay was taken");
+  } catch (const locus::value_error& e) {
+    CHECK(std::string(e.what()).find("parameter group 1 has weight_decay = -1") != std::string::npos);
+  }
   CHECK_THROWS_AS(optim::sgd<cpu>(s, {}, {{{"fc.bias"}, -1.0}}), locus::value_error);
   CHECK_THROWS_AS(optim::sgd<cpu>(s, {}, {{{"fc.bias"}, std::nan("")}}), locus::value_error);
 }
@@ -181,7 +193,7 @@ TEST_CASE("parameter groups: a checkpoint records them, and a resume with other 
     } catch (const locus::value_error& e) {
       const std::string w = e.what();
       CHECK(w.find("weight decay per parameter") != std::string::npos);
-      CHECK(w.find("wte.weight=0") != std::string::npos);
+      CHECK(w.find("'wte.weight': saved 0, now 0.1") != std::string::npos);
     }
     const auto after = locus::to<cpu>(std::as_const(m.parameters()).master());
     for (index_t i = 0; i < before.numel(); ++i) REQUIRE(after.span()[i] == before.span()[i]);
@@ -193,6 +205,13 @@ TEST_CASE("parameter groups: a checkpoint records them, and a resume with other 
     locus::train::trainer t(m, opt, nn::cross_entropy{});
     CHECK(locus::train::resume(path, t) == 1);
     CHECK(opt.steps() == 3);
+  }
+  {
+    // the same decays written another way (the option 0, a group of the decaying weight)
+    model_t m;
+    optim::adamw<cpu> opt(m.parameters(), {.weight_decay = 0.0}, {{{"fc.weight"}, 0.1}});
+    locus::train::trainer t(m, opt, nn::cross_entropy{});
+    CHECK(locus::train::resume(path, t) == 1);
   }
   std::filesystem::remove_all(dir);
 }

@@ -35,6 +35,15 @@
 namespace locus::nn {
 
 namespace detail {
+template <class X, class = void>
+struct device_of {
+  using type = void;
+};
+template <class X>
+struct device_of<X, std::void_t<typename X::device>> {
+  using type = typename X::device;
+};
+
 inline index_t positive_extent(index_t n, const std::string& what, const char* which) {
   if (n <= 0)
     throw value_error("locus: " + what + " needs a positive " + which + ", got " + std::to_string(n));
@@ -80,26 +89,26 @@ class embedding {
   // Prevents: looking up a value of floating-point features, or ids of another device or
   // precision policy than the embedding's.
   template <class X>
-    requires(!ag::is_ids_v<X> || !std::is_same_v<typename X::device, D> ||
+    requires(!ag::is_ids_v<X> || !std::is_same_v<typename detail::device_of<X>::type, D> ||
              !std::is_same_v<typename nn::detail::compute_of<X>::type, C>)
   ag::var<C, D, 2> operator()(const X&) {
-    if constexpr (ag::is_var_v<X>)
+    if constexpr (!ag::is_var_v<X> && !ag::is_ids_v<X>)
+      static_assert(::locus::detail::always_false<X>,
+                    "locus: nn::embedding takes a forward's ids (ag::ids: tape.ids(x), or the argument of "
+                    "forward(const ids<2>& x)), not a tensor; a tensor enters a forward through its tape");
+    else if constexpr (ag::is_var_v<X>)
       static_assert(::locus::detail::always_false<X>,
                     "locus: nn::embedding looks up integer token ids, but got a value of floating-point features; "
                     "write the forward over ids: auto forward(const typename Net::template ids<2>& x), or make "
                     "them with tape.ids(x)");
-    else if constexpr (ag::is_ids_v<X> && !std::is_same_v<typename X::device, D>)
+    else if constexpr (!std::is_same_v<typename detail::device_of<X>::type, D>)
       static_assert(::locus::detail::always_false<X>,
                     "locus: nn::embedding got ids of another device than its table; declare the embedding with "
                     "its module's device (nn::embedding<D, P>), or move the ids: locus::to<D>(ids)");
-    else if constexpr (ag::is_ids_v<X>)
+    else
       static_assert(::locus::detail::always_false<X>,
                     "locus: nn::embedding got ids of a tape of another compute dtype than its table's precision "
                     "policy; declare the embedding with its module's policy: nn::embedding<D, P>");
-    else
-      static_assert(::locus::detail::always_false<X>,
-                    "locus: nn::embedding takes a forward's ids (ag::ids: tape.ids(x), or the argument of "
-                    "forward(const ids<2>& x)), not a tensor; a tensor enters a forward through its tape");
     return {};
   }
 
@@ -160,8 +169,12 @@ class positional_embedding {
   template <class X>
     requires(!std::is_same_v<X, ag::var<C, D, 3>>)
   ag::var<C, D, 3> operator()(const X&) {
-    if constexpr (ag::is_var_v<X> && std::is_same_v<typename X::device, D> &&
-                  std::is_same_v<typename X::value_type, C>)
+    if constexpr (!ag::is_var_v<X>)
+      static_assert(::locus::detail::always_false<X>,
+                    "locus: nn::positional_embedding adds positions to a forward's value [batch, time, dim] (an "
+                    "ag::var), not a tensor; a tensor enters a forward through its tape");
+    else if constexpr (std::is_same_v<typename detail::device_of<X>::type, D> &&
+                       std::is_same_v<typename X::value_type, C>)
       static_assert(::locus::detail::always_false<X>,
                     "locus: nn::positional_embedding adds positions to a value [batch, time, dim] of rank 3; "
                     "reshape it first: ag::reshape(x, {batch, time, dim})");

@@ -740,9 +740,9 @@ constexpr input_form module_input() {
   else if constexpr (forward_takes_ids<Net, 1, std::int32_t>) return {1, 2};
   else {
     static_assert(::locus::detail::always_false<Net>,
-                  "locus: nn::model<Net> needs Net::forward(const var<R>& x) returning a value (var<2> for a "
-                  "classifier's logits), or forward(const ids<R>& x) for token ids; write auto forward(const "
-                  "typename Net::template var<2>& x) { ... }");
+                  "locus: nn::model<Net> needs Net::forward(const var<R>& x) (R from 1 to 4) returning a value "
+                  "(var<2> for a classifier's logits), or forward(const ids<R>& x) (R 1 or 2) for token ids; "
+                  "write auto forward(const typename Net::template var<2>& x) { ... }");
     return {2, 0};
   }
 }
@@ -901,7 +901,9 @@ class model {
     const auto x = probe_input(in);
     (void)infer(x);
     std::vector<std::vector<index_t>> out;
-    for (std::size_t i = 1; i < infer_tape_->values(); ++i) out.push_back(infer_tape_->value_shape(i));
+    // (a forward over ids records no value for its input: value 0 is the first result)
+    const std::size_t first = std::is_integral_v<input_type> ? 0 : 1;
+    for (std::size_t i = first; i < infer_tape_->values(); ++i) out.push_back(infer_tape_->value_shape(i));
     return out;
   }
 

@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -456,6 +457,34 @@ class optimizer_base {
                         std::to_string(i + 1));
     return decay_[i];
   }
+  /// The first parameter whose decay differs from what `record` (a weight_decay_record()
+  /// of an optimizer over the same store) says, as "name: saved X, now Y"; empty if none.
+  [[nodiscard]] std::string weight_decay_difference(const std::string& record) const {
+    double saved_default = -1.0;
+    std::vector<std::pair<std::string, double>> saved;
+    std::size_t at = 0;
+    while (at <= record.size()) {
+      const std::size_t end = std::min(record.find(';', at), record.size());
+      const std::string item = record.substr(at, end - at);
+      const std::size_t eq = item.rfind('=');
+      if (eq == std::string::npos) return "the record is not a list of name=value";
+      char* stop = nullptr;
+      const std::string num = item.substr(eq + 1);
+      const double v = std::strtod(num.c_str(), &stop);
+      if (num.empty() || stop != num.c_str() + num.size()) return "the record has a value that is not a number";
+      if (at == 0) saved_default = v;
+      else saved.emplace_back(item.substr(0, eq), v);
+      at = end + 1;
+    }
+    for (std::size_t i = 0; i < decay_.size(); ++i) {
+      double want = saved_default;
+      for (const auto& [n, v] : saved)
+        if (n == names_[i]) want = v;
+      if (want != decay_[i])
+        return "'" + names_[i] + "': saved " + exact_text(want) + ", now " + exact_text(decay_[i]);
+    }
+    return {};
+  }
   /// Each parameter's weight decay as text ("default=value", then ";name=value" for each
   /// parameter whose decay is not the weight_decay option): what checkpoints record.
   [[nodiscard]] std::string weight_decay_record() const {
@@ -489,9 +518,15 @@ class optimizer_base {
     std::vector<double> decay(entries.size(), o_.weight_decay);
     std::vector<int> owner(entries.size(), -1);
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      check_option("weight_decay", groups[g].weight_decay, 0.0, false);
+      const double wd = groups[g].weight_decay;
+      if (!(wd >= 0.0) || !(wd <= std::numeric_limits<float>::max()))
+        throw value_error("locus: parameter group " + std::to_string(g) + " has weight_decay = " + std::to_string(wd) +
+                          "; it must be a finite number >= 0");
       for (const auto& name : groups[g].names) {
         const std::size_t i = store.index_of(name);  // an index_error listing the names
+        if (owner[i] == static_cast<int>(g))
+          throw value_error("locus: parameter '" + name + "' is listed twice in parameter group " +
+                            std::to_string(g) + "; name it once");
         if (owner[i] >= 0)
           throw value_error("locus: parameter '" + name + "' is in parameter groups " + std::to_string(owner[i]) +
                             " and " + std::to_string(g) + "; a parameter belongs to one group at most");

@@ -305,11 +305,11 @@ std::int64_t load_into(const io::archive<typename Trainer::device>& a, Trainer& 
                     "resume with the optimizer the checkpoint was saved with");
   // the parameter groups' weight decay (files before them recorded none)
   if (const auto f = meta.find("optimizer.weight_decay"); f != meta.end()) {
-    const std::string now = t.optimizer().weight_decay_record();
-    if (f->second != now)
-      throw value_error("locus: checkpoint '" + path + "' was saved by an optimizer whose weight decay per parameter "
-                        "was '" + io::detail::printable(f->second) + "', but this one's is '" + now +
-                        "'; resume with the weight_decay option and the parameter groups it was saved with");
+    const std::string diff = t.optimizer().weight_decay_difference(f->second);
+    if (!diff.empty())
+      throw value_error("locus: checkpoint '" + path + "' was saved by an optimizer with another weight decay per "
+                        "parameter (" + io::detail::printable(diff) + "); resume with the weight_decay option and "
+                        "the parameter groups it was saved with");
   }
   if (meta.count("seed")) (void)detail::meta_counter(meta, "seed", path);
   std::map<std::size_t, std::uint64_t> rng;

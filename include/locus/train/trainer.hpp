@@ -274,6 +274,17 @@ class trainer {
     } catch (const out_of_memory&) {
       opt_->set_lr(lr_before);
       throw;
+    } catch (const value_error&) {
+      // a forward that refused its input (an id outside the vocabulary, a sequence past
+      // the context): nothing was written to the weights, gradients or optimizer state;
+      // the schedule's lr and the dropout counters go back too
+      opt_->set_lr(lr_before);
+      restore_counters_and_buffers();
+      throw;
+    } catch (const shape_error&) {
+      opt_->set_lr(lr_before);
+      restore_counters_and_buffers();
+      throw;
     }
     rollback_armed_ = false;
     grad_saved_.values = {};  // a window's gradient backup lives for one step only
