@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <locus/data/text.hpp>
 #include <locus/nn/embedding.hpp>
 #include <locus/train.hpp>
 
@@ -329,4 +330,20 @@ TEST_CASE("nn::embedding: a vocabulary or context length of zero is refused when
   CHECK(message([] { M1 m; }).find("nn::embedding 'wte' needs a positive vocabulary size, got 0") != std::string::npos);
   CHECK(message([] { M2 m; }).find("nn::positional_embedding 'wpe' needs a positive context length, got 0") !=
         std::string::npos);
+}
+
+TEST_CASE("nn::embedding: the training loss and evaluate() average per token over batches of two lengths") {
+  using P = locus::amp::fp32;
+  nn::model<tiny_lm<cpu, P>> m;
+  locus::optim::sgd<cpu> opt(m.parameters(), {.lr = 0.0});  // the weights stay: both see the same model
+  locus::train::trainer t(m, opt, nn::cross_entropy{});
+  std::vector<locus::data::text_batch> batches;
+  batches.push_back({id_batch({1}, 1, 1), locus::from_host<cpu>(std::vector<std::int64_t>{2}, {1})});
+  batches.push_back({id_batch({3, 4, 5, 6, 0, 1}, 1, 6), locus::from_host<cpu>(std::vector<std::int64_t>{4, 5, 6, 0, 1, 2}, {6})});
+  (void)t.report();
+  for (const auto& b : batches) t.step(b.x, b.y);
+  const auto trained = t.report();
+  const auto evaluated = t.evaluate(batches);
+  CHECK(trained.samples == 7);  // tokens
+  CHECK(trained.loss == doctest::Approx(evaluated.loss).epsilon(1e-5));
 }

@@ -714,6 +714,16 @@ template <class M, class V>
 auto checkpoint(child<M>& c, const V& x) {
   return c.checkpoint(x);
 }
+// Prevents: checkpointing a child whose forward takes token ids (a segment is recomputed
+// from the value it got; ids are the model's input, with nothing before them to save).
+template <class M, class V>
+  requires ag::is_ids_v<V>
+auto checkpoint(child<M>& c, const V& x) {  // (auto: the body, and its message, comes first)
+  static_assert(::locus::detail::always_false<V>,
+                "locus: nn::checkpoint recomputes a segment from a value (ag::var), not from token ids; "
+                "checkpoint the blocks after the embedding: nn::checkpoint(h0, wte(x))");
+  return c(x);  // (the child's own result type: no errors after this one)
+}
 
 namespace detail {
 template <class Net, std::size_t R>

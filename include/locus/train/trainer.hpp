@@ -291,7 +291,7 @@ class trainer {
     last_shape_ = xv.shape();
     last_shape_valid_ = true;
     const auto counters = std::make_tuple(running_samples_, window_first_, micro_step_, micro_, optimizer_steps_);
-    advance(xv.shape()[0], update);
+    advance(yv.shape()[0], update);  // rows of the loss: samples, or a sequence model's tokens
     if constexpr (device::host_accessible) {
       try {
         check();
@@ -846,7 +846,9 @@ class trainer {
                     const detail::step_vars* vars) {
     const std::int64_t micro = micro_step_;
     const std::int64_t window = micro_ == 0 ? micro_step_ : window_first_;
-    const A weight = static_cast<A>(xv.shape()[0]);
+    // the running loss weighs each batch by its loss's rows (samples; tokens for a sequence
+    // model's logits [batch * time, vocabulary]), as evaluate() averages
+    const A weight = static_cast<A>(yv.shape()[0]);
     std::int64_t* first_bad = (!has_scaler && o_.check_finite) ? diag_.data_handle() : nullptr;
     try {
       auto out = model_->forward(xv);
@@ -1191,7 +1193,7 @@ class trainer {
         }
         LOCUS_CUDA_CHECK(cudaGraphLaunch(g.exec[b], g.stream));
       }
-      advance(xv.shape()[0], update);
+      advance(yv.shape()[0], update);  // rows of the loss: samples, or a sequence model's tokens
     } catch (...) {
       g.end_after_error(on);
       throw;
