@@ -60,7 +60,7 @@ TEST_CASE("text corpus: the vocabulary is the bytes it holds in byte order, and 
   CHECK(u.decode(u.ids()) == "\xc3\xa9t\xc3\xa9");
 }
 
-TEST_CASE("text corpus: a directory is read in name order without .dat files and symbolic links; bad paths are refused") {
+TEST_CASE("text corpus: a directory is read in name order without .dat files and symbolic links, and bad paths are refused") {
   temp_dir d("locus-test-text-corpus");
   d.write("b", "BB");
   d.write("a", "AA");
@@ -89,7 +89,7 @@ TEST_CASE("text corpus: a directory is read in name order without .dat files and
         std::string::npos);
 }
 
-TEST_CASE("text corpus: the split keeps the order, and a fraction outside [0, 1) is refused") {
+TEST_CASE("text corpus: the split keeps the order, and a fraction outside 0 to 1 (1 excluded) is refused") {
   std::string text;
   for (int i = 0; i < 100; ++i) text.push_back(static_cast<char>('a' + i % 26));
   const auto c = data::text_corpus::from_text(text);
