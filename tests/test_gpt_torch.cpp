@@ -21,12 +21,11 @@
 
 #include <locus/ag/ops.hpp>
 #include <locus/locus.hpp>
-#include <locus/nn/embedding.hpp>
-#include <locus/nn/module.hpp>
-#include <locus/nn/norm.hpp>
 #if defined(LOCUS_HAS_JSON) && LOCUS_HAS_JSON
 #include <locus/io/safetensors.hpp>
 #endif
+
+#include "../examples/gpt_model.hpp"
 
 TEST_CASE("A small GPT equals PyTorch in f64: logits, loss and every gradient" * doctest::skip()) {
 #if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
@@ -105,52 +104,16 @@ TEST_CASE("A small GPT equals PyTorch in f64: logits, loss and every gradient" *
 #endif
 }
 
-// The same GPT written as users write a model: an nn::model of modules over token ids
-// (nn::embedding, nn::positional_embedding, nn::layer<layer_norm> and <linear> members,
-// a child per block named "h.0", "h.1", the output projection tied to wte through
-// wte.weight().on(x)). PyTorch's weights load by name (named_parameters() spells the
+// The same GPT as the second main job trains it (examples/gpt_model.hpp): an nn::model
+// of modules over token ids (nn::embedding, nn::positional_embedding, nn::layer<layer_norm>
+// and <linear> members, a child per block named "h.0", "h.1", the output projection tied
+// to wte through wte.weight().on(x)). PyTorch's weights load by name (named_parameters() spells the
 // store's names), the logits equal PyTorch's, and the gradients of the mean
 // cross-entropy (its dL/dlogits computed here in f64, (softmax - one_hot) / rows) equal
 // PyTorch's autograd.
 namespace {
 namespace gpt {
-namespace nn = locus::nn;
-namespace ag = locus::ag;
-using locus::index_t;
-constexpr index_t V = 11, T = 9, C = 12, H = 3, L = 2, B = 2;
-
-template <class D, class P>
-struct block : nn::module<D, P> {
-  nn::layer<nn::layer_norm<D, P>> ln_1{this, "ln_1", C};
-  nn::layer<nn::linear<D, P>> c_attn{this, "c_attn", C, 3 * C};
-  nn::layer<nn::linear<D, P>> c_proj{this, "c_proj", C, C};
-  nn::layer<nn::layer_norm<D, P>> ln_2{this, "ln_2", C};
-  nn::layer<nn::linear<D, P>> c_fc{this, "c_fc", C, 4 * C};
-  nn::layer<nn::linear<D, P>> mlp_proj{this, "mlp_proj", 4 * C, C};
-  auto forward(const typename block::template var<2>& x) {  // [B * T, C]
-    const auto qkv = c_attn(ln_1(x));
-    const auto heads = [&](index_t part) {
-      return ag::transpose(ag::reshape(ag::slice(qkv, 1, part * C, (part + 1) * C), locus::extents<4>{B, T, H, C / H}),
-                           1, 2);
-    };
-    const auto att = ag::scaled_dot_product_attention(heads(0), heads(1), heads(2), {.causal = true});
-    const auto y = x + c_proj(ag::reshape(ag::transpose(att, 1, 2), locus::extents<2>{B * T, C}));
-    return y + mlp_proj(c_fc(ln_2(y), ag::fused::gelu));
-  }
-};
-
-template <class D, class P>
-struct model : nn::module<D, P> {
-  nn::embedding<D, P> wte{this, "wte", V, C};
-  nn::positional_embedding<D, P> wpe{this, "wpe", T, C};
-  nn::child<block<D, P>> h0{this, "h.0"};
-  nn::child<block<D, P>> h1{this, "h.1"};
-  nn::layer<nn::layer_norm<D, P>> ln_f{this, "ln_f", C};
-  auto forward(const typename model::template ids<2>& x) {
-    const auto e = ag::reshape(wpe(wte(x)), locus::extents<2>{B * T, C});
-    return ag::linear(ln_f(h1(h0(e))), wte.weight().on(x));  // [B * T, V], tied
-  }
-};
+constexpr locus::index_t V = 11, T = 9, C = 12, H = 3, L = 2, B = 2;  // tests/python/gpt_torch.py's sizes
 }  // namespace gpt
 }  // namespace
 
@@ -165,7 +128,7 @@ TEST_CASE("The GPT module equals PyTorch in f64: weights load by name, logits an
   const std::filesystem::path file = env;
   if (!std::filesystem::exists(file)) FAIL("LOCUS_GPT_TORCH_FILE names " << file << ", which does not exist");
   const auto a = locus::io::load<D>(file);
-  locus::nn::model<gpt::model<D, locus::amp::fp64>> m;
+  locus::nn::model<gpt_job::gpt<D, locus::amp::fp64>> m(gpt_job::gpt_config{gpt::V, gpt::T, gpt::C, gpt::H, gpt::L});
   auto& st = m.parameters();
   REQUIRE(st.entries().size() == 4 + 12 * gpt::L);
   for (const auto& e : st.entries()) {

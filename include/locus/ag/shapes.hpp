@@ -430,14 +430,13 @@ var<T, D, R> softmax(const var<T, D, R>& x) {
 /// before anything is recorded (on cuda the ids are copied to the host for that check).
 /// The table's gradient adds each row's contributions in the order of the ids: the same
 /// bits on every run. The ids are read again in backward: keep them alive until then.
+namespace detail {
+/// gather_rows after its checks of the ids (contiguous, in range): nn::embedding checks
+/// them with its own message first (on cuda that check copies the ids to the host once).
 template <class T, class D, class I, std::size_t K>
-var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor_view<const I, D, K>& ids) {
-  static_assert(std::is_same_v<I, std::int32_t> || std::is_same_v<I, std::int64_t>,
-                "locus: ag::gather_rows takes int32 or int64 ids (token ids, class ids); convert others with "
-                "locus::cast<std::int64_t>(ids)");
-  auto& t = detail::owner(table, "ag::gather_rows");
-  detail::check_contiguous_value(table, "ag::gather_rows");
-  detail::check_ids(ids, table.shape()[0]);
+var<T, D, K + 1> gather_checked_rows(const var<T, D, 2>& table, const tensor_view<const I, D, K>& ids) {
+  auto& t = owner(table, "ag::gather_rows");
+  check_contiguous_value(table, "ag::gather_rows");
   extents<K + 1> os{};
   for (std::size_t a = 0; a < K; ++a) os[a] = ids.shape()[a];
   os[K] = table.shape()[1];
@@ -455,6 +454,18 @@ var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor_view<const 
     n.ids = ids;
   }
   return out;
+}
+}  // namespace detail
+
+template <class T, class D, class I, std::size_t K>
+var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor_view<const I, D, K>& ids) {
+  static_assert(std::is_same_v<I, std::int32_t> || std::is_same_v<I, std::int64_t>,
+                "locus: ag::gather_rows takes int32 or int64 ids (token ids, class ids); convert others with "
+                "locus::cast<std::int64_t>(ids)");
+  (void)detail::owner(table, "ag::gather_rows");
+  detail::check_contiguous_value(table, "ag::gather_rows");
+  detail::check_ids(ids, table.shape()[0]);
+  return detail::gather_checked_rows(table, ids);
 }
 template <class T, class D, class I, std::size_t K>
 var<T, D, K + 1> gather_rows(const var<T, D, 2>& table, const tensor_view<I, D, K>& ids) {

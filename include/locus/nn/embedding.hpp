@@ -84,7 +84,7 @@ class embedding {
                         " at position " + std::to_string(bad->position) + " is outside its vocabulary of " +
                         std::to_string(vocabulary_) + " ids [0, " + std::to_string(vocabulary_) +
                         "); nothing was recorded");
-    return ag::gather_rows(weight_.on(x), v);
+    return ag::detail::gather_checked_rows(weight_.on(x), v);  // (checked above: not twice)
   }
   // Prevents: looking up a value of floating-point features, or ids of another device or
   // precision policy than the embedding's.

@@ -45,6 +45,7 @@
 #include <functional>
 #include <limits>
 #include <numbers>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -293,7 +294,7 @@ struct decay_segments {
   }
   LOCUS_HOST_DEVICE float at(index_t i, float uniform) const { return n == 0 ? uniform : wd[find(i)]; }
   /// f(first, count, wd) for each segment of [0, total) (one call with `uniform` when n = 0).
-  /// Host only: begin and wd are read directly (host devices' memory).
+  /// Host only: begin and wd are read directly (host memory).
   template <class F>
   void each(index_t total, float uniform, F&& f) const {
     if (n == 0) return f(index_t{0}, total, uniform);
@@ -545,30 +546,24 @@ class optimizer_base {
       begins.push_back(i == 0 ? 0 : entries[i].offset);
       wds.push_back(wd);
     }
-    host_segments_.clear();
     segments_ = {};
-    if (wds.empty() || (wds.size() == 1 && wds[0] == static_cast<float>(o_.weight_decay))) return;
-    tensor<index_t, cpu, 1> hb(extents<1>{static_cast<index_t>(begins.size())});
-    tensor<float, cpu, 1> hw(extents<1>{static_cast<index_t>(wds.size())});
-    for (std::size_t k = 0; k < begins.size(); ++k) {
-      hb(static_cast<index_t>(k)) = begins[k];
-      hw(static_cast<index_t>(k)) = wds[k];
-      host_segments_.emplace_back(begins[k], wds[k]);
+    if (wds.empty() || (wds.size() == 1 && wds[0] == static_cast<float>(o_.weight_decay))) {
+      host_begin_.clear();
+      host_wd_.clear();
+      return;
     }
-    seg_begin_ = to<D>(hb);
-    seg_wd_ = to<D>(hw);
-    segments_ = decay_segments{seg_begin_.data_handle(), seg_wd_.data_handle(), static_cast<int>(wds.size())};
+    host_begin_ = std::move(begins);
+    host_wd_ = std::move(wds);
+    const auto k = static_cast<index_t>(host_wd_.size());
+    seg_begin_ = from_host<D>(std::span<const index_t>(host_begin_), extents<1>{k});
+    seg_wd_ = from_host<D>(std::span<const float>(host_wd_), extents<1>{k});
+    segments_ = decay_segments{seg_begin_.data_handle(), seg_wd_.data_handle(), static_cast<int>(k)};
   }
   /// f(first, count, wd) for each segment of the flat buffer (one call when uniform): the
   /// non-fused steps launch one update per segment.
   template <class F>
   void each_segment(float uniform, F&& f) const {
-    if (host_segments_.empty()) return f(index_t{0}, params_.n, uniform);
-    for (std::size_t k = 0; k < host_segments_.size(); ++k) {
-      const index_t b = host_segments_[k].first;
-      const index_t e = k + 1 < host_segments_.size() ? host_segments_[k + 1].first : params_.n;
-      if (e > b) f(b, e - b, host_segments_[k].second);
-    }
+    decay_segments{host_begin_.data(), host_wd_.data(), static_cast<int>(host_wd_.size())}.each(params_.n, uniform, f);
   }
 
   fused_scalars* fused() noexcept { return reinterpret_cast<fused_scalars*>(scalars_.data_handle()); }
@@ -644,7 +639,8 @@ class optimizer_base {
   tensor<index_t, D, 1> seg_begin_;
   tensor<float, D, 1> seg_wd_;
   decay_segments segments_{};
-  std::vector<std::pair<index_t, float>> host_segments_;
+  std::vector<index_t> host_begin_;  // the same segments on the host
+  std::vector<float> host_wd_;
 };
 
 }  // namespace detail

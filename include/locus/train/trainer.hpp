@@ -754,12 +754,7 @@ class trainer {
                     "pixels: auto xf = locus::eval(locus::cast<float>(x) / 255.0f)");
       return input_view{};
     } else {
-      using T = typename tr::value_type;
-      const auto v = locus::detail::as_view_const(x);
-      if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
-      nn::detail::ensure_numel(x_cast_, v.numel());
-      locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, C>{v.data_handle(), x_cast_.data_handle()});
-      return nn::detail::shaped(x_cast_, v.shape());
+      return cast_batch(x_cast_, locus::detail::as_view_const(x));
     }
   }
 
@@ -790,13 +785,18 @@ class trainer {
                     "forward's dtype, or declare the forward over int64 ids: ids<2, std::int64_t>");
       return input_view{};
     } else {
-      const auto v = locus::detail::as_view_const(x);
-      if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
-      nn::detail::ensure_numel(x_ids_, v.numel());
-      locus::detail::launch_n<device>(v.numel(),
-                                      locus::detail::cast_kernel<T, input_type>{v.data_handle(), x_ids_.data_handle()});
-      return nn::detail::shaped(x_ids_, v.shape());
+      return cast_batch(x_ids_, locus::detail::as_view_const(x));
     }
+  }
+
+  /// A contiguous batch converted into `buf` (grown as needed), viewed in its shape.
+  template <class U, class T>
+  static tensor_view<const U, device, input_rank> cast_batch(tensor<U, device, 1>& buf,
+                                                             const tensor_view<const T, device, input_rank>& v) {
+    if (!v.is_contiguous()) throw shape_error("locus: the trainer needs a contiguous input batch");
+    nn::detail::ensure_numel(buf, v.numel());
+    locus::detail::launch_n<device>(v.numel(), locus::detail::cast_kernel<T, U>{v.data_handle(), buf.data_handle()});
+    return nn::detail::shaped(buf, v.shape());
   }
 
   template <class Y>
