@@ -1,0 +1,429 @@
+// Host suite: LSTM and GRU (<locus/ag/recurrent.hpp>, <locus/nn/recurrent.hpp>). The
+// fused layers against a direct f64 loop written here from PyTorch's equations (forward),
+// and their gradients of every input (x, h0, c0, both weights, both biases) against
+// central finite differences of that loop (which shares nothing with backward), over
+// several steps, batches and a carried state. The modules: PyTorch's names, shapes and
+// initial range, stacked layers equal to chained ops, batch_first equal to the
+// transposed sequence, a carried state equal to one long sequence, and bf16/f32 against
+// f64. Hostile input: an empty sequence or batch, widths that do not fit, states of
+// another shape, a carried state of another batch; each refused before anything is
+// recorded.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <locus/nn/recurrent.hpp>
+#include <locus/train.hpp>
+
+namespace {
+
+namespace nn = locus::nn;
+namespace ag = locus::ag;
+using locus::cpu;
+using locus::extents;
+using locus::index_t;
+
+double sig(double a) { return 1.0 / (1.0 + std::exp(-a)); }
+
+struct rnn_sizes {
+  index_t t, b, i, h;
+};
+
+/// Inputs of one layer, all f64 host tensors.
+struct rnn_inputs {
+  locus::tensor<double, cpu, 3> x;
+  locus::tensor<double, cpu, 2> h0, c0, wih, whh;
+  locus::tensor<double, cpu, 1> bih, bhh;
+};
+
+rnn_inputs make_inputs(const rnn_sizes& s, int gates, std::uint64_t seed) {
+  rnn_inputs r;
+  r.x = locus::randn<double, cpu>({s.t, s.b, s.i}, seed);
+  r.h0 = locus::randn<double, cpu>({s.b, s.h}, seed + 1);
+  r.c0 = locus::randn<double, cpu>({s.b, s.h}, seed + 2);
+  r.wih = locus::randn<double, cpu>({gates * s.h, s.i}, seed + 3);
+  r.whh = locus::randn<double, cpu>({gates * s.h, s.h}, seed + 4);
+  r.bih = locus::randn<double, cpu>({gates * s.h}, seed + 5);
+  r.bhh = locus::randn<double, cpu>({gates * s.h}, seed + 6);
+  return r;
+}
+
+/// PyTorch's LSTM (G = 4) or GRU (G = 3) equations, step by step, in f64: y [T*B*H], then
+/// the last h and (LSTM) c appended.
+std::vector<double> reference(const rnn_inputs& in, const rnn_sizes& s, int gates, bool zero_state) {
+  const index_t H = s.h, B = s.b, I = s.i;
+  std::vector<double> h(B * H, 0.0), c(B * H, 0.0), out;
+  if (!zero_state) {
+    for (index_t k = 0; k < B * H; ++k) {
+      h[k] = in.h0.data_handle()[k];
+      c[k] = in.c0.data_handle()[k];
+    }
+  }
+  const double* wih = in.wih.data_handle();
+  const double* whh = in.whh.data_handle();
+  for (index_t t = 0; t < s.t; ++t) {
+    std::vector<double> hn(B * H), cn(B * H);
+    for (index_t b = 0; b < B; ++b) {
+      std::vector<double> gi(gates * H), gh(gates * H);
+      for (index_t r = 0; r < gates * H; ++r) {
+        double a = in.bih.data_handle()[r], q = in.bhh.data_handle()[r];
+        for (index_t k = 0; k < I; ++k) a += wih[r * I + k] * in.x.data_handle()[(t * B + b) * I + k];
+        for (index_t k = 0; k < H; ++k) q += whh[r * H + k] * h[b * H + k];
+        gi[r] = a;
+        gh[r] = q;
+      }
+      for (index_t j = 0; j < H; ++j) {
+        if (gates == 4) {
+          const double ig = sig(gi[j] + gh[j]), fg = sig(gi[H + j] + gh[H + j]);
+          const double gg = std::tanh(gi[2 * H + j] + gh[2 * H + j]), og = sig(gi[3 * H + j] + gh[3 * H + j]);
+          cn[b * H + j] = fg * c[b * H + j] + ig * gg;
+          hn[b * H + j] = og * std::tanh(cn[b * H + j]);
+        } else {
+          const double rg = sig(gi[j] + gh[j]), zg = sig(gi[H + j] + gh[H + j]);
+          const double ng = std::tanh(gi[2 * H + j] + rg * gh[2 * H + j]);
+          hn[b * H + j] = (1 - zg) * ng + zg * h[b * H + j];
+        }
+      }
+    }
+    h = hn;
+    c = cn;
+    out.insert(out.end(), h.begin(), h.end());
+  }
+  out.insert(out.end(), h.begin(), h.end());
+  if (gates == 4) out.insert(out.end(), c.begin(), c.end());
+  return out;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& w) {
+  double s = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) s += a[k] * w[k];
+  return s;
+}
+
+template <int G>
+auto run_op(ag::tape<double, cpu>& t, const rnn_inputs& in, bool leaves, bool zero_state) {
+  const auto mk3 = [&](const auto& v) { return leaves ? t.leaf(v) : t.constant(v); };
+  struct vars {
+    ag::var<double, cpu, 3> x;
+    ag::var<double, cpu, 2> h0, c0, wih, whh;
+    ag::var<double, cpu, 1> bih, bhh;
+  } v{mk3(in.x), mk3(in.h0), mk3(in.c0), mk3(in.wih), mk3(in.whh), mk3(in.bih), mk3(in.bhh)};
+  if constexpr (G == 4) {
+    auto r = zero_state ? ag::lstm(v.x, v.wih, v.whh, v.bih, v.bhh) : ag::lstm(v.x, v.h0, v.c0, v.wih, v.whh, v.bih, v.bhh);
+    return std::pair{v, r};
+  } else {
+    auto r = zero_state ? ag::gru(v.x, v.wih, v.whh, v.bih, v.bhh) : ag::gru(v.x, v.h0, v.wih, v.whh, v.bih, v.bhh);
+    return std::pair{v, r};
+  }
+}
+
+template <int G>
+std::vector<double> outputs(const ag::var<double, cpu, 3>& y, const ag::var<double, cpu, 2>& h,
+                            const ag::var<double, cpu, 2>* c) {
+  std::vector<double> o(y.value().data_handle(), y.value().data_handle() + y.numel());
+  o.insert(o.end(), h.value().data_handle(), h.value().data_handle() + h.numel());
+  if (c) o.insert(o.end(), c->value().data_handle(), c->value().data_handle() + c->numel());
+  return o;
+}
+
+template <int G>
+void check_layer(const rnn_sizes& s, bool zero_state, std::uint64_t seed) {
+  INFO("T " << s.t << " B " << s.b << " I " << s.i << " H " << s.h << (zero_state ? " zero state" : " given state"));
+  rnn_inputs in = make_inputs(s, G, seed);
+  const auto want = reference(in, s, G, zero_state);
+  std::vector<double> w(want.size());
+  {
+    const auto r = locus::randn<double, cpu>({static_cast<index_t>(want.size())}, seed + 40);
+    for (std::size_t k = 0; k < w.size(); ++k) w[k] = r.data_handle()[k];
+  }
+  ag::tape<double, cpu> t;
+  auto [v, r] = run_op<G>(t, in, true, zero_state);
+  const ag::var<double, cpu, 2>* cp = nullptr;
+  if constexpr (G == 4) cp = &r.c;
+  const auto got = outputs<G>(r.y, r.h, cp);
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::abs(got[k] - want[k]));
+  CHECK(worst < 1e-13);
+  // L = sum(y * wy) + sum(h * wh) [+ sum(c * wc)]
+  const index_t ny = r.y.numel(), nh = r.h.numel();
+  const auto wy = locus::from_host<cpu>(std::vector<double>(w.begin(), w.begin() + ny), {s.t, s.b, s.h});
+  const auto wh = locus::from_host<cpu>(std::vector<double>(w.begin() + ny, w.begin() + ny + nh), {s.b, s.h});
+  auto loss = ag::sum(r.y * t.constant(wy)) + ag::sum(r.h * t.constant(wh));
+  locus::tensor<double, cpu, 2> wc;
+  if constexpr (G == 4) {
+    wc = locus::from_host<cpu>(std::vector<double>(w.begin() + ny + nh, w.end()), {s.b, s.h});
+    loss = loss + ag::sum(r.c * t.constant(wc));
+  }
+  t.backward(loss);
+  struct named {
+    const char* name;
+    double* p;
+    index_t n;
+    const double* g;
+  };
+  std::vector<named> all = {{"x", in.x.data_handle(), in.x.numel(), t.grad(v.x).data_handle()},
+                            {"w_ih", in.wih.data_handle(), in.wih.numel(), t.grad(v.wih).data_handle()},
+                            {"w_hh", in.whh.data_handle(), in.whh.numel(), t.grad(v.whh).data_handle()},
+                            {"b_ih", in.bih.data_handle(), in.bih.numel(), t.grad(v.bih).data_handle()},
+                            {"b_hh", in.bhh.data_handle(), in.bhh.numel(), t.grad(v.bhh).data_handle()}};
+  if (!zero_state) {
+    all.push_back({"h0", in.h0.data_handle(), in.h0.numel(), t.grad(v.h0).data_handle()});
+    if (G == 4) all.push_back({"c0", in.c0.data_handle(), in.c0.numel(), t.grad(v.c0).data_handle()});
+  }
+  for (const auto& a : all) {
+    for (index_t k = 0; k < a.n; ++k) {
+      const double keep = a.p[k], e = 1e-6;
+      a.p[k] = keep + e;
+      const double up = dot(reference(in, s, G, zero_state), w);
+      a.p[k] = keep - e;
+      const double down = dot(reference(in, s, G, zero_state), w);
+      a.p[k] = keep;
+      const double numeric = (up - down) / (2 * e);
+      INFO(a.name << "[" << k << "]: backward " << a.g[k] << ", finite differences " << numeric);
+      CHECK(std::abs(a.g[k] - numeric) < 1e-7 * std::max(1.0, std::abs(numeric)));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ag::lstm: forward against PyTorch's equations in f64, every gradient against finite differences") {
+  check_layer<4>({1, 1, 1, 1}, false, 1);
+  check_layer<4>({4, 2, 3, 5}, false, 2);
+  check_layer<4>({6, 3, 2, 4}, true, 3);
+  check_layer<4>({3, 1, 7, 2}, false, 4);
+}
+
+TEST_CASE("ag::gru: forward against PyTorch's equations in f64, every gradient against finite differences") {
+  check_layer<3>({1, 1, 1, 1}, false, 11);
+  check_layer<3>({4, 2, 3, 5}, false, 12);
+  check_layer<3>({6, 3, 2, 4}, true, 13);
+  check_layer<3>({3, 1, 7, 2}, false, 14);
+}
+
+namespace {
+
+/// A stacked LSTM then a GRU over batch-first features, then a linear head: the model
+/// tests/python/recurrent_torch.py writes in PyTorch.
+template <class D, class P>
+struct seq_net : nn::module<D, P> {
+  static constexpr index_t I = 3, H = 5, H2 = 4, O = 2;
+  nn::lstm<D, P> lstm{this, "lstm", I, H, {.layers = 2, .batch_first = true}};
+  nn::gru<D, P> gru{this, "gru", H, H2, {.batch_first = true}};
+  nn::layer<nn::linear<D, P>> head{this, "head", H2, O};
+  auto forward(const typename seq_net::template var<3>& x) {  // [B, T, I] -> [B * T, O]
+    const auto y = gru(lstm(x));
+    return head(ag::reshape(y, extents<2>{x.shape()[0] * x.shape()[1], H2}));
+  }
+};
+
+/// One layer of either kind as a model of its own (for the carried state).
+template <class D, class P>
+struct one_lstm : nn::module<D, P> {
+  nn::lstm<D, P> rnn;
+  explicit one_lstm(nn::rnn_options o) : rnn{this, "rnn", 2, 3, o} {}
+  auto forward(const typename one_lstm::template var<3>& x) { return rnn(x); }
+};
+template <class D, class P>
+struct one_gru : nn::module<D, P> {
+  nn::gru<D, P> rnn;
+  explicit one_gru(nn::rnn_options o) : rnn{this, "rnn", 2, 3, o} {}
+  auto forward(const typename one_gru::template var<3>& x) { return rnn(x); }
+};
+
+}  // namespace
+
+TEST_CASE("nn::lstm and nn::gru: PyTorch's names, shapes and initial range; stacked layers equal chained ops") {
+  using P = locus::amp::fp64;
+  nn::model<seq_net<cpu, P>> m;
+  m.reset_parameters(5);
+  const auto& e = m.parameters().entries();
+  const std::vector<std::pair<std::string, std::vector<index_t>>> want = {
+      {"lstm.weight_ih_l0", {20, 3}}, {"lstm.weight_hh_l0", {20, 5}}, {"lstm.bias_ih_l0", {20}}, {"lstm.bias_hh_l0", {20}},
+      {"lstm.weight_ih_l1", {20, 5}}, {"lstm.weight_hh_l1", {20, 5}}, {"lstm.bias_ih_l1", {20}}, {"lstm.bias_hh_l1", {20}},
+      {"gru.weight_ih_l0", {12, 5}},  {"gru.weight_hh_l0", {12, 4}},  {"gru.bias_ih_l0", {12}},  {"gru.bias_hh_l0", {12}},
+      {"head.weight", {2, 4}},        {"head.bias", {2}}};
+  REQUIRE(e.size() == want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CHECK(e[k].name == want[k].first);
+    CHECK(e[k].shape == want[k].second);
+  }
+  // U(-1/sqrt(H), 1/sqrt(H)): inside, and spread over most of it
+  for (std::size_t k = 0; k < 12; ++k) {
+    const double bound = 1.0 / std::sqrt(k < 8 ? 5.0 : 4.0);
+    double lo = 1, hi = -1;
+    for (index_t i = 0; i < e[k].numel; ++i) {
+      const double v = m.parameters().master().data_handle()[e[k].offset + i];
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    INFO(e[k].name);
+    CHECK(lo >= -bound);
+    CHECK(hi <= bound);
+    CHECK(hi - lo > bound);
+  }
+  // The model's output against ag::lstm/ag::gru chained by hand on the same parameters
+  const index_t B = 2, T = 4;
+  const auto x = locus::randn<double, cpu>({B, T, 3}, 9);
+  const auto y = m.infer(x.view());
+  REQUIRE(y.shape() == extents<2>{B * T, 2});
+  ag::tape<double, cpu> t;
+  auto& st = m.parameters();
+  const auto p2 = [&](std::size_t k) {
+    return t.constant(locus::unsafe_view<cpu>(static_cast<const double*>(st.master().data_handle() + e[k].offset),
+                                              extents<2>{e[k].shape[0], e[k].shape[1]}));
+  };
+  const auto p1 = [&](std::size_t k) {
+    return t.constant(locus::unsafe_view<cpu>(static_cast<const double*>(st.master().data_handle() + e[k].offset),
+                                              extents<1>{e[k].shape[0]}));
+  };
+  auto s = ag::transpose(t.constant(x), 0, 1);  // [T, B, I]
+  s = ag::lstm(s, p2(0), p2(1), p1(2), p1(3)).y;
+  s = ag::lstm(s, p2(4), p2(5), p1(6), p1(7)).y;
+  s = ag::gru(s, p2(8), p2(9), p1(10), p1(11)).y;
+  const auto z = ag::linear(ag::reshape(ag::transpose(s, 0, 1), extents<2>{B * T, 4}), p2(12), p1(13));
+  for (index_t i = 0; i < y.numel(); ++i) CHECK(y.data_handle()[i] == doctest::Approx(z.value().data_handle()[i]).epsilon(1e-14));
+}
+
+TEST_CASE("nn::lstm and nn::gru with carry_state: two halves give what one long sequence gives; reset_state starts over") {
+  using P = locus::amp::fp64;
+  const auto check = [](auto& m, auto& full_model) {
+    const index_t B = 3, T = 6;
+    const auto x = locus::randn<double, cpu>({T, B, 2}, 21);
+    const auto whole = full_model.infer(x.view());  // no carried state: zeros, all six steps
+    const auto first = x.view().slice(0, 3).clone();
+    const auto second = x.view().slice(3, 6).clone();
+    CHECK_FALSE(m.net().rnn.has_state());
+    const auto y1 = m.infer(first.view());
+    CHECK(m.net().rnn.has_state());
+    const auto y2 = m.infer(second.view());
+    for (index_t i = 0; i < y1.numel(); ++i) CHECK(y1.data_handle()[i] == doctest::Approx(whole.data_handle()[i]).epsilon(1e-14));
+    for (index_t i = 0; i < y2.numel(); ++i)
+      CHECK(y2.data_handle()[i] == doctest::Approx(whole.data_handle()[y1.numel() + i]).epsilon(1e-14));
+    // a batch of another size than the carried state: refused, the state kept
+    const auto other = locus::randn<double, cpu>({2, 2, 2}, 22);
+    CHECK_THROWS_AS((void)m.infer(other.view()), locus::shape_error);
+    CHECK(m.net().rnn.has_state());
+    m.net().rnn.reset_state();
+    const auto again = m.infer(first.view());
+    for (index_t i = 0; i < again.numel(); ++i) CHECK(again.data_handle()[i] == y1.data_handle()[i]);
+    // training steps carry it too, and backward stops at the batch (truncated BPTT)
+    m.net().rnn.reset_state();
+    m.parameters().zero_grad();
+    (void)m.forward(first.view());
+    const auto ones = locus::ones<double, cpu>({3, B, 3});
+    (void)m.backward(ones.view());
+    const auto y2t = m.forward(second.view());
+    for (index_t i = 0; i < y2t.numel(); ++i) CHECK(y2t.data_handle()[i] == doctest::Approx(y2.data_handle()[i]).epsilon(1e-14));
+  };
+  {
+    nn::model<one_lstm<cpu, P>> m(nn::rnn_options{.carry_state = true}), full(nn::rnn_options{});
+    m.reset_parameters(3);
+    full.reset_parameters(3);
+    check(m, full);
+  }
+  {
+    nn::model<one_gru<cpu, P>> m(nn::rnn_options{.carry_state = true}), full(nn::rnn_options{});
+    m.reset_parameters(4);
+    full.reset_parameters(4);
+    check(m, full);
+  }
+}
+
+TEST_CASE("ag::lstm and ag::gru in bf16 and f32 against f64") {
+  const rnn_sizes s{8, 3, 6, 16};
+  const rnn_inputs in = make_inputs(s, 4, 31);
+  const auto want = reference(in, s, 4, false);
+  const auto in3 = make_inputs(s, 3, 32);
+  const auto want3 = reference(in3, s, 3, false);
+  const auto run = [&]<class T>(T, const rnn_inputs& i, int gates, double tol, const std::vector<double>& ref) {
+    ag::tape<T, cpu> t;
+    const auto c3 = [&](const auto& v) {
+      locus::tensor<T, cpu, std::remove_cvref_t<decltype(v)>::rank> o(v.shape());
+      o = locus::cast<T>(v);
+      return o;
+    };
+    const auto x = c3(i.x);
+    const auto h0 = c3(i.h0), c0 = c3(i.c0), wih = c3(i.wih), whh = c3(i.whh);
+    const auto bih = c3(i.bih), bhh = c3(i.bhh);
+    std::vector<double> got;
+    const auto push = [&](const auto& v) {
+      for (index_t k = 0; k < v.numel(); ++k) got.push_back(static_cast<double>(v.value().data_handle()[k]));
+    };
+    if (gates == 4) {
+      const auto r = ag::lstm(t.constant(x), t.constant(h0), t.constant(c0), t.constant(wih), t.constant(whh),
+                              t.constant(bih), t.constant(bhh));
+      push(r.y);
+      push(r.h);
+      push(r.c);
+    } else {
+      const auto r = ag::gru(t.constant(x), t.constant(h0), t.constant(wih), t.constant(whh), t.constant(bih), t.constant(bhh));
+      push(r.y);
+      push(r.h);
+    }
+    double worst = 0;
+    for (std::size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::abs(got[k] - ref[k]));
+    CHECK(worst < tol);
+  };
+  run(float{}, in, 4, 1e-5, want);
+  run(locus::bf16{}, in, 4, 0.08, want);
+  run(float{}, in3, 3, 1e-5, want3);
+  run(locus::bf16{}, in3, 3, 0.08, want3);
+}
+
+TEST_CASE("ag::lstm, ag::gru, nn::lstm: shapes that do not fit are shape_errors naming them, before anything is recorded") {
+  ag::tape<double, cpu> t;
+  const auto xt = locus::randn<double, cpu>({4, 2, 3}, 1);
+  const auto h0t = locus::zeros<double, cpu>({2, 5});
+  const auto wiht = locus::randn<double, cpu>({20, 3}, 2);
+  const auto whht = locus::randn<double, cpu>({20, 5}, 3);
+  const auto bt = locus::zeros<double, cpu>({20});
+  const auto emptyt = locus::zeros<double, cpu>({0, 2, 3});
+  const auto no_batcht = locus::zeros<double, cpu>({4, 0, 3});
+  const auto widet = locus::zeros<double, cpu>({4, 2, 4});
+  const auto h_badt = locus::zeros<double, cpu>({3, 5});
+  const auto w_badt = locus::zeros<double, cpu>({19, 5});
+  const auto b_badt = locus::zeros<double, cpu>({15});
+  const auto x = t.constant(xt), empty = t.constant(emptyt), no_batch = t.constant(no_batcht), wide = t.constant(widet);
+  const auto h0 = t.constant(h0t), wih = t.constant(wiht), whh = t.constant(whht), h_bad = t.constant(h_badt),
+             w_bad = t.constant(w_badt);
+  const auto b = t.constant(bt), b_bad = t.constant(b_badt);
+  const auto values = t.values();
+  const auto refused = [&](auto&& f, const char* part) {
+    try {
+      f();
+      FAIL("not refused");
+    } catch (const locus::shape_error& e) {
+      const std::string m = e.what();
+      INFO(m);
+      CHECK(m.find(part) != std::string::npos);
+      CHECK(m.find("w_hh [") != std::string::npos);
+    }
+    CHECK(t.values() == values);
+  };
+  refused([&] { (void)ag::lstm(empty, wih, whh, b, b); }, "sequence is empty");
+  refused([&] { (void)ag::lstm(no_batch, wih, whh, b, b); }, "batch is empty");
+  refused([&] { (void)ag::lstm(wide, wih, whh, b, b); }, "input's features");
+  refused([&] { (void)ag::lstm(x, h_bad, h0, wih, whh, b, b); }, "h0 must be [B, H]");
+  refused([&] { (void)ag::lstm(x, h0, h_bad, wih, whh, b, b); }, "c0 must be [B, H]");
+  refused([&] { (void)ag::lstm(x, wih, w_bad, b, b); }, "w_hh must have 4");
+  refused([&] { (void)ag::lstm(x, wih, whh, b_bad, b); }, "each bias");
+  refused([&] { (void)ag::gru(x, wih, whh, b, b); }, "w_hh must have 3");
+  // the module: input width and a given state of the wrong shape
+  using P = locus::amp::fp64;
+  nn::model<one_lstm<cpu, P>> m(nn::rnn_options{});
+  const auto x3 = locus::randn<double, cpu>({4, 2, 3}, 3);
+  try {
+    (void)m.infer(x3.view());
+    FAIL("not refused");
+  } catch (const locus::shape_error& e) {
+    CHECK(std::string(e.what()).find("nn::lstm 'rnn' takes 2 input features") != std::string::npos);
+  }
+  using bad_model = nn::model<one_lstm<cpu, P>>;
+  CHECK_THROWS_AS(bad_model(nn::rnn_options{.layers = 0}), locus::value_error);
+}
