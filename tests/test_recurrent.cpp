@@ -427,3 +427,131 @@ TEST_CASE("ag::lstm, ag::gru, nn::lstm: shapes that do not fit are shape_errors 
   using bad_model = nn::model<one_lstm<cpu, P>>;
   CHECK_THROWS_AS(bad_model(nn::rnn_options{.layers = 0}), locus::value_error);
 }
+
+#if defined(LOCUS_HAS_JSON) && LOCUS_HAS_JSON
+#  include <cstdlib>
+#  include <filesystem>
+
+#  include <locus/io/safetensors.hpp>
+#endif
+
+// Not part of the host suite's run (doctest::skip(): it needs a file a Python script
+// writes): the CTest "interop: nn.LSTM and nn.GRU against PyTorch (weights by name,
+// outputs, gradients)" runs tests/python/recurrent_torch.py, then this case with --no-skip.
+TEST_CASE("LSTM and GRU equal PyTorch in f64: nn.LSTM and nn.GRU weights load by name, outputs and every gradient" *
+          doctest::skip()) {
+#if !defined(LOCUS_HAS_JSON) || !LOCUS_HAS_JSON
+  FAIL("reading the PyTorch file needs locus/io/safetensors.hpp, which needs nlohmann-json");
+#else
+  const char* env = std::getenv("LOCUS_RECURRENT_TORCH_FILE");
+  if (env == nullptr || *env == '\0')
+    FAIL("LOCUS_RECURRENT_TORCH_FILE is not set (tests/python/recurrent_torch.py FILE writes it)");
+  const std::filesystem::path file = env;
+  if (!std::filesystem::exists(file)) FAIL("LOCUS_RECURRENT_TORCH_FILE names " << file << ", which does not exist");
+  const auto a = locus::io::load<cpu>(file);
+  const auto compare = [&](const std::string& key, const double* got, index_t count) {
+    const auto want = a.template flat<double>(key);
+    REQUIRE_MESSAGE(want.numel() == count, key << ": PyTorch has " << want.numel() << " elements, locus " << count);
+    double worst = 0;
+    for (index_t i = 0; i < count; ++i)
+      worst = std::max(worst, std::abs(got[i] - want.data_handle()[i]) / (1.0 + std::abs(want.data_handle()[i])));
+    INFO(key << ": largest difference from PyTorch " << worst);
+    CHECK(worst < 1e-12);
+  };
+  {  // the modules, batch first, from a zero state: weights by state_dict name
+    using P = locus::amp::fp64;
+    nn::model<seq_net<cpu, P>> m;
+    auto& st = m.parameters();
+    for (const auto& e : st.entries()) {
+      const auto w = a.template flat<double>("w." + e.name);  // a name PyTorch does not have: an error here
+      REQUIRE_MESSAGE(w.numel() == e.numel, e.name << ": PyTorch has " << w.numel() << " elements, locus " << e.numel);
+      for (index_t i = 0; i < e.numel; ++i) st.master().data_handle()[e.offset + i] = w.data_handle()[i];
+    }
+    st.sync_compute();
+    const auto x = a.template get<double, 3>("x");
+    const auto gy = a.template get<double, 2>("gy");
+    st.zero_grad();
+    const auto y = m.forward(x.view());
+    compare("y", y.data_handle(), y.numel());
+    (void)m.backward(gy.view());
+    for (const auto& e : st.entries()) compare("g." + e.name, st.grad().data_handle() + e.offset, e.numel);
+  }
+  // ag::lstm / ag::gru from a given state, time first: two stacked LSTM layers and a GRU
+  const auto sx = a.template get<double, 3>("s.x");
+  const auto h0 = a.template get<double, 3>("s.h0");
+  const auto c0 = a.template get<double, 3>("s.c0");
+  for (const std::string kind : {"lstm", "gru"}) {
+    INFO(kind);
+    const std::string p = "s." + kind + ".";
+    const index_t layers = kind == "lstm" ? 2 : 1;
+    std::vector<locus::tensor<double, cpu, 2>> w2;
+    std::vector<locus::tensor<double, cpu, 1>> w1;
+    for (index_t l = 0; l < layers; ++l) {
+      const std::string s = "_l" + std::to_string(l);
+      w2.push_back(a.template get<double, 2>(p + "weight_ih" + s).clone());
+      w2.push_back(a.template get<double, 2>(p + "weight_hh" + s).clone());
+      w1.push_back(a.template get<double, 1>(p + "bias_ih" + s).clone());
+      w1.push_back(a.template get<double, 1>(p + "bias_hh" + s).clone());
+    }
+    ag::tape<double, cpu> t;
+    const auto x = t.leaf(sx);
+    const auto lh = t.leaf(h0), lc = t.leaf(c0);
+    std::vector<ag::var<double, cpu, 2>> v2;
+    std::vector<ag::var<double, cpu, 1>> v1;
+    for (const auto& w : w2) v2.push_back(t.leaf(w));
+    for (const auto& w : w1) v1.push_back(t.leaf(w));
+    const auto state = [&](const ag::var<double, cpu, 3>& s, index_t l) {
+      return ag::reshape(ag::slice(s, 0, l, l + 1), extents<2>{s.shape()[1], s.shape()[2]});
+    };
+    const auto wy = a.template get<double, 3>(p + "wy");
+    const auto wh = a.template get<double, 3>(p + "wh");
+    ag::var<double, cpu, 3> y = x;
+    std::vector<ag::var<double, cpu, 2>> hs, cs;
+    for (index_t l = 0; l < layers; ++l) {
+      const std::size_t k = static_cast<std::size_t>(2 * l);
+      if (kind == "lstm") {
+        const auto r = ag::lstm(y, state(lh, l), state(lc, l), v2[k], v2[k + 1], v1[k], v1[k + 1]);
+        y = r.y;
+        hs.push_back(r.h);
+        cs.push_back(r.c);
+      } else {
+        const auto r = ag::gru(y, state(lh, l), v2[k], v2[k + 1], v1[k], v1[k + 1]);
+        y = r.y;
+        hs.push_back(r.h);
+      }
+    }
+    const auto stack = [&](const std::vector<ag::var<double, cpu, 2>>& v) {
+      std::vector<ag::var<double, cpu, 3>> r;
+      for (const auto& e : v) r.push_back(ag::reshape(e, extents<3>{1, e.shape()[0], e.shape()[1]}));
+      return ag::concat(0, r);
+    };
+    const auto h = stack(hs);
+    auto loss = ag::sum(y * t.constant(wy)) + ag::sum(h * t.constant(wh));
+    locus::tensor<double, cpu, 3> wc;
+    ag::var<double, cpu, 3> c;
+    if (kind == "lstm") {
+      wc = a.template get<double, 3>(p + "wc").clone();
+      c = stack(cs);
+      loss = loss + ag::sum(c * t.constant(wc));
+    }
+    t.backward(loss);
+    compare(p + "y", y.value().data_handle(), y.numel());
+    compare(p + "h", h.value().data_handle(), h.numel());
+    compare(p + "gx", t.grad(x).data_handle(), x.numel());
+    // the GRU starts from h0's first layer only: its gradient is that layer's
+    compare(p + "gh0", t.grad(lh).data_handle(), layers * h0.shape()[1] * h0.shape()[2]);
+    if (kind == "lstm") {
+      compare(p + "c", c.value().data_handle(), c.numel());
+      compare(p + "gc0", t.grad(lc).data_handle(), lc.numel());
+    }
+    for (index_t l = 0; l < layers; ++l) {
+      const std::string s = "_l" + std::to_string(l);
+      const std::size_t k = static_cast<std::size_t>(2 * l);
+      compare(p + "g.weight_ih" + s, t.grad(v2[k]).data_handle(), v2[k].numel());
+      compare(p + "g.weight_hh" + s, t.grad(v2[k + 1]).data_handle(), v2[k + 1].numel());
+      compare(p + "g.bias_ih" + s, t.grad(v1[k]).data_handle(), v1[k].numel());
+      compare(p + "g.bias_hh" + s, t.grad(v1[k + 1]).data_handle(), v1[k + 1].numel());
+    }
+  }
+#endif
+}
