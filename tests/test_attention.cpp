@@ -281,6 +281,41 @@ TEST_CASE("scaled_dot_product_attention: keys scoring -inf in whole leading bloc
   CHECK(std::isnan(ag::scaled_dot_product_attention(t.constant(q), t.constant(k), t.constant(v)).value().data_handle()[0]));
 }
 
+TEST_CASE("scaled_dot_product_attention: NaN scores filling whole leading key blocks make the row NaN, as PyTorch") {
+  // An outside review: 40 keys whose first 32 (one whole key block) score NaN were left
+  // out as -inf blocks are, so the row looked healthy (the mean of v over the rest)
+  // while its backward was NaN. PyTorch gives NaN; so does locus now, with and without
+  // the causal mask, for the rows that see a NaN key, and only those.
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    locus::tensor<double, D, 4> q({1, 1, 40, 1}), k({1, 1, 40, 1}), v({1, 1, 40, 1});
+    for (index_t j = 0; j < 40; ++j) {
+      q.data_handle()[j] = 1;
+      k.data_handle()[j] = j < 32 ? std::numeric_limits<double>::quiet_NaN() : 1;
+      v.data_handle()[j] = static_cast<double>(j);
+    }
+    ag::tape<double, D> t;
+    const auto lq = t.leaf(q), lk = t.leaf(k), lv = t.leaf(v);
+    const auto o = ag::scaled_dot_product_attention(lq, lk, lv, {.causal = causal});
+    for (index_t i = 0; i < 40; ++i) {
+      CAPTURE(i);
+      CHECK(std::isnan(o.value().data_handle()[i]));  // every row sees key 0
+    }
+    t.backward(ag::sum(o));
+    CHECK(std::isnan(t.grad(lq).data_handle()[39]));
+  }
+  // A NaN key seen by no row (beyond every causal row's reach): nothing changes.
+  locus::tensor<double, D, 4> q({1, 1, 3, 1}), k({1, 1, 4, 1}), v({1, 1, 4, 1});
+  for (index_t j = 0; j < 4; ++j) {
+    if (j < 3) q.data_handle()[j] = 0.5;
+    k.data_handle()[j] = j == 3 ? std::numeric_limits<double>::quiet_NaN() : 0.1 * static_cast<double>(j);
+    v.data_handle()[j] = 1;
+  }
+  ag::tape<double, D> t;
+  const auto o = ag::scaled_dot_product_attention(t.constant(q), t.constant(k), t.constant(v), {.causal = true});
+  for (index_t i = 0; i < 3; ++i) CHECK(o.value().data_handle()[i] == doctest::Approx(1.0));
+}
+
 TEST_CASE("scaled_dot_product_attention: shapes that do not fit are shape_errors naming all three, the tape unchanged") {
   ag::tape<float, D> t;
   const auto ok = locus::zeros<float, D>({1, 2, 4, 8});
@@ -812,6 +847,13 @@ TEST_CASE("rope: bf16 and f32 against f64, and bad shapes and options refused be
     CHECK_THROWS_AS(ag::rope(lok, {.base = base}), locus::value_error);
   CHECK_THROWS_WITH_AS(ag::rope(lok, {.offset = -1}), "locus: ag::rope: offset -1 is negative (the first position)",
                        locus::value_error);
+  // positions past the largest index_t (an outside review found them wrapping)
+  CHECK_THROWS_AS(ag::rope(lok, {.offset = std::numeric_limits<index_t>::max()}), locus::value_error);
+  CHECK_THROWS_AS(ag::rope(lok, {.offset = std::numeric_limits<index_t>::max() - 1}), locus::value_error);
+  {
+    ag::tape<float, D> u;  // the last position that fits
+    CHECK(ag::rope(u.constant(ok), {.offset = std::numeric_limits<index_t>::max() - 2}).shape() == ok.shape());
+  }
   CHECK(t.values() == values);
   CHECK(t.operations() == ops);
   // An empty sequence: an empty result, nothing computed.

@@ -347,3 +347,27 @@ TEST_CASE("nn::embedding: the training loss and evaluate() average per token ove
   CHECK(trained.samples == 7);  // tokens
   CHECK(trained.loss == doctest::Approx(evaluated.loss).epsilon(1e-5));
 }
+
+TEST_CASE("nn::embedding: ids refilled between forward and backward do not reach backward (it uses the ids it checked)") {
+  // An outside review: backward read the caller's ids again, so a buffer refilled with
+  // an id out of range before backward (a loader's next batch) wrote outside the table.
+  using P = locus::amp::fp64;
+  nn::model<tiny_lm<cpu, P>> m;
+  m.reset_parameters(2);
+  auto ids = id_batch({3, 0, 6, 3, 0, 1, 0, 2}, 2, 4);
+  const auto same = id_batch({3, 0, 6, 3, 0, 1, 0, 2}, 2, 4);
+  const auto gy = locus::randn<double, cpu>({8, 7}, 9);
+  // the reference: the gradient with the ids left alone
+  m.parameters().zero_grad();
+  (void)m.forward(same.view());
+  (void)m.backward(gy.view());
+  const auto g = m.parameters().grad();
+  const std::vector<double> want(g.data_handle(), g.data_handle() + g.numel());
+  m.parameters().zero_grad();
+  (void)m.forward(ids.view());
+  ids.data_handle()[1] = std::int64_t{1} << 40;  // refilled: far outside the vocabulary of 7
+  ids.data_handle()[5] = -3;
+  (void)m.backward(gy.view());
+  const auto got = m.parameters().grad();
+  for (index_t i = 0; i < got.numel(); ++i) CHECK(got.data_handle()[i] == want[static_cast<std::size_t>(i)]);
+}

@@ -78,6 +78,7 @@ struct attention_forward_rows {
     for (index_t d = 0; d < ev; ++d) acc[d] = C(0);
     const index_t end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
     C m = -INFINITY, l = C(0);
+    bool nan = false;  // a NaN score: the row is NaN (as PyTorch's softmax), not left out
     C s[attention_key_block];
     for (index_t j0 = 0; j0 < end; j0 += attention_key_block) {
       const index_t nb = end - j0 < attention_key_block ? end - j0 : attention_key_block;
@@ -89,6 +90,7 @@ struct attention_forward_rows {
         for (index_t d = 0; d < e; ++d) dot += qs[d] * ::locus::detail::load(kr[d]);
         s[jj] = dot;
         bm = dot > bm ? dot : bm;
+        nan = nan || dot != dot;
       }
       if (bm > m) {  // the maximum grew: what was summed so far shrinks by exp(m - bm)
         const C c = ::locus::detail::m_exp(m - bm);  // m = -inf: 0
@@ -107,10 +109,10 @@ struct attention_forward_rows {
         for (index_t d = 0; d < ev; ++d) acc[d] += p * ::locus::detail::load(vr[d]);
       }
     }
-    const C inv = C(1) / l;
+    const C inv = nan ? C(NAN) : C(1) / l;
     T* orow = o + r * ev;
     for (index_t d = 0; d < ev; ++d) orow[d] = ::locus::detail::store<T>(acc[d] * inv);
-    if (lse) lse[r] = m + ::locus::detail::m_log(l);
+    if (lse) lse[r] = nan ? C(NAN) : m + ::locus::detail::m_log(l);
   }
 };
 

@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "ops.hpp"
@@ -114,6 +115,9 @@ var<T, D, R> rope(const var<T, D, R>& x, rope_options o = {}) {
     throw value_error("locus: ag::rope: base " + std::to_string(o.base) + " is not a finite number > 0");
   if (o.offset < 0)
     throw value_error("locus: ag::rope: offset " + std::to_string(o.offset) + " is negative (the first position)");
+  if (len > 0 && o.offset > std::numeric_limits<index_t>::max() - (len - 1))
+    throw value_error("locus: ag::rope: offset " + std::to_string(o.offset) + " plus the sequence's " +
+                      std::to_string(len) + " positions does not fit in a 64-bit position");
   const bool grad = x.requires_grad();
   auto out = t.template result<R>(s, grad);
   const C log_base = static_cast<C>(std::log(o.base));

@@ -255,16 +255,20 @@ template <class T, class D, class I, std::size_t K>
 struct gather_rows_node final : node<T, D> {
   std::uint32_t table = 0, out = 0;
   extents<2> ts{};
-  tensor_view<const I, D, K> ids;
+  extents<K> is{};
+  index_t count = 0;
+  // The ids as the forward checked them: a copy, so that ids changed or refilled before
+  // backward (a loader's next batch in the same buffer) cannot send a row out of range.
+  tensor<I, D, 1> ids;
   void backward(tape<T, D>& t) override {
     extents<K + 1> os{};
-    for (std::size_t a = 0; a < K; ++a) os[a] = ids.shape()[a];
+    for (std::size_t a = 0; a < K; ++a) os[a] = is[a];
     os[K] = ts[1];
     const auto g = t.template grad_in<K + 1>(out, os);
     if (g.data_handle() == nullptr || !t.wants_grad(table)) return;
     auto [gt, fresh] = t.template grad_out<2>(table, ts);
     if (fresh) fill_zero(gt);
-    const index_t n = ids.numel(), cols = ts[1];
+    const index_t n = count, cols = ts[1];
     if (n == 0 || cols == 0) return;
     if constexpr (D::host_accessible) {
       // row by row, in the order of the ids: contiguous reads and writes
@@ -429,7 +433,7 @@ var<T, D, R> softmax(const var<T, D, R>& x) {
 /// F.embedding(ids, table)). An id outside [0, V) is a value_error naming it and V,
 /// before anything is recorded (on cuda the ids are copied to the host for that check).
 /// The table's gradient adds each row's contributions in the order of the ids: the same
-/// bits on every run. The ids are read again in backward: keep them alive until then.
+/// bits on every run. The tape keeps a copy of the ids for backward (one copy of B*T ids).
 namespace detail {
 /// gather_rows after its checks of the ids (contiguous, in range): nn::embedding checks
 /// them with its own message first (on cuda that check copies the ids to the host once).
@@ -451,7 +455,19 @@ var<T, D, K + 1> gather_checked_rows(const var<T, D, 2>& table, const tensor_vie
     n.table = detail::access::id(table);
     n.out = detail::access::id(out);
     n.ts = table.shape();
-    n.ids = ids;
+    n.is = ids.shape();
+    n.count = ids.numel();
+    if (n.count > 0) {
+      try {
+        ensure_flat(n.ids, n.count);
+        ::locus::copy(with_shape<I, D, 1>(ids.data_handle(), extents<1>{n.count}, ids.device_index()),
+                      n.ids.view().slice(0, n.count));
+      } catch (...) {  // nothing of the call stays on the tape
+        t.unrecord();
+        t.unresult();
+        throw;
+      }
+    }
   }
   return out;
 }
