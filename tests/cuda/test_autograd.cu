@@ -14,6 +14,7 @@
 #include <locus/locus.hpp>
 #include <locus/nn/embedding.hpp>
 #include <locus/nn/param.hpp>
+#include <locus/nn/recurrent.hpp>
 #include <locus/train.hpp>
 
 namespace {
@@ -153,4 +154,41 @@ TEST_CASE("a model over token ids with AdamW's parameter groups trains on cuda a
   // an id outside the vocabulary is refused on cuda too, before the step
   ids.data_handle()[3] = 7;
   CHECK_THROWS_AS(trained_lm<locus::cuda>(ids, next), locus::value_error);
+}
+
+namespace {
+/// A model of a stacked LSTM (batch first, carried state) then a GRU and a linear head,
+/// trained five steps by the trainer on D: the master weights after.
+template <class D, class P>
+struct seq_lm : locus::nn::module<D, P> {
+  locus::nn::lstm<D, P> lstm{this, "lstm", 3, 8, {.layers = 2, .batch_first = true, .carry_state = true}};
+  locus::nn::gru<D, P> gru{this, "gru", 8, 6, {.batch_first = true}};
+  locus::nn::layer<locus::nn::linear<D, P>> head{this, "head", 6, 1};
+  auto forward(const typename seq_lm::template var<3>& x) {
+    const auto y = gru(lstm(x));
+    return head(ag::reshape(y, locus::extents<2>{x.shape()[0] * x.shape()[1], 6}));
+  }
+};
+
+template <class D>
+std::vector<float> trained_rnn(const locus::tensor<float, locus::cpu, 3>& x_host,
+                               const locus::tensor<float, locus::cpu, 2>& y_host) {
+  locus::nn::model<seq_lm<D, locus::amp::fp32>> m;
+  locus::optim::adamw<D> opt(m.parameters(), {.lr = 1e-2});
+  locus::train::trainer t(m, opt, locus::nn::mse{});
+  const auto x = locus::to<D>(x_host);
+  const auto y = locus::to<D>(y_host);
+  for (int s = 0; s < 5; ++s) t.step(x, y);
+  const auto w = locus::to<locus::cpu>(std::as_const(m.parameters()).master());
+  return {w.data_handle(), w.data_handle() + w.numel()};
+}
+}  // namespace
+
+TEST_CASE("nn::lstm and nn::gru (stacked, carried state) train on cuda as on the host") {
+  const auto x = locus::randn<float, locus::cpu>({4, 9, 3}, 7);
+  const auto y = locus::randn<float, locus::cpu>({36, 1}, 8);
+  const auto h = trained_rnn<locus::cpu>(x, y);
+  const auto c = trained_rnn<locus::cuda>(x, y);
+  REQUIRE(h.size() == c.size());
+  for (std::size_t i = 0; i < h.size(); ++i) CHECK(c[i] == doctest::Approx(h[i]).epsilon(1e-4).scale(1.0));
 }
