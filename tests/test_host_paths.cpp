@@ -6,15 +6,18 @@
 // lanes against their element-wise forms, bit for bit.
 #include <doctest/doctest.h>
 
+#include <locus/ag/shapes.hpp>
 #include <locus/train.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -608,4 +611,60 @@ TEST_CASE("sum's AVX-512 block gives the generic block's bits, and a whole f32 s
   // A mean takes the same path.
   CHECK(std::bit_cast<std::uint32_t>(locus::mean(t).item()) ==
         std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<float>(total) / static_cast<double>(n))));
+}
+
+TEST_CASE("strided assignments on the host (transposes, views) put every element where its index says, across blocks") {
+  // The host evaluates a strided assignment in blocks of consecutive elements with the
+  // index stepped like an odometer (no division per element). Against an element-by-
+  // element loop over the indices: ranks 1 to 4, extents that do not divide the block,
+  // sizes below and above the parallel threshold, a transposed source and a strided
+  // destination, and an expression (a + b) over both.
+  const auto check = [](auto tag, const auto& shape, std::size_t a, std::size_t b) {
+    constexpr std::size_t R = decltype(tag)::value;
+    locus::extents<R> s{};
+    for (std::size_t k = 0; k < R; ++k) s[k] = shape[k];
+    const auto x = locus::randn<double, locus::cpu>(s, 3);
+    auto ts = s;
+    std::swap(ts[a], ts[b]);
+    locus::tensor<double, locus::cpu, R> y(ts);
+    const auto xt = locus::ag::detail::swap_axes(x.view(), a, b);  // a view of x, axes a and b exchanged
+    locus::detail::assign_expr(y.view(), locus::detail::to_expr(xt));  // a plain strided copy (ag's path)
+    // y[i...] == x[i with a, b exchanged]
+    const index_t n = y.numel();
+    std::array<index_t, R> idx{};
+    std::size_t bad = 0;
+    for (index_t lin = 0; lin < n; ++lin) {
+      index_t r = lin;
+      for (std::size_t k = R; k-- > 0;) {
+        idx[k] = r % ts[k];
+        r /= ts[k];
+      }
+      auto src = idx;
+      std::swap(src[a], src[b]);
+      index_t so = 0, dof = 0;
+      for (std::size_t k = 0; k < R; ++k) {
+        so += src[k] * x.strides()[k];
+        dof += idx[k] * y.strides()[k];
+      }
+      bad += y.data_handle()[dof] != x.data_handle()[so];
+    }
+    CHECK(bad == 0);
+    // into a strided destination: the transposed view of a fresh tensor, with an expression
+    locus::tensor<double, locus::cpu, R> z(s);
+    auto zt = locus::ag::detail::swap_axes(z.view(), a, b);
+    zt = y + y;
+    std::size_t bad2 = 0;
+    for (index_t i = 0; i < n; ++i) bad2 += z.data_handle()[i] != 2 * x.data_handle()[i];
+    CHECK(bad2 == 0);
+  };
+  using r2 = std::integral_constant<std::size_t, 2>;
+  using r3 = std::integral_constant<std::size_t, 3>;
+  using r4 = std::integral_constant<std::size_t, 4>;
+  check(r2{}, std::array<index_t, 2>{3, 5}, 0, 1);
+  check(r2{}, std::array<index_t, 2>{301, 257}, 0, 1);     // 77357 elements: parallel, blocks of 8192
+  check(r3{}, std::array<index_t, 3>{7, 1, 9}, 0, 2);
+  check(r3{}, std::array<index_t, 3>{33, 65, 31}, 1, 2);   // past the threshold
+  check(r4{}, std::array<index_t, 4>{2, 3, 4, 5}, 1, 2);
+  check(r4{}, std::array<index_t, 4>{32, 64, 4, 24}, 1, 2);  // the GPT's per-head layout
+  check(r4{}, std::array<index_t, 4>{5, 7, 11, 13}, 0, 3);
 }
