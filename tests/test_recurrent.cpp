@@ -238,7 +238,7 @@ struct one_gru : nn::module<D, P> {
 
 }  // namespace
 
-TEST_CASE("nn::lstm and nn::gru: PyTorch's names, shapes and initial range; stacked layers equal chained ops") {
+TEST_CASE("nn::lstm and nn::gru: PyTorch's names, shapes and initial range, and stacked layers equal chained ops") {
   using P = locus::amp::fp64;
   nn::model<seq_net<cpu, P>> m;
   m.reset_parameters(5);
@@ -290,7 +290,7 @@ TEST_CASE("nn::lstm and nn::gru: PyTorch's names, shapes and initial range; stac
   for (index_t i = 0; i < y.numel(); ++i) CHECK(y.data_handle()[i] == doctest::Approx(z.value().data_handle()[i]).epsilon(1e-14));
 }
 
-TEST_CASE("nn::lstm and nn::gru with carry_state: two halves give what one long sequence gives; reset_state starts over") {
+TEST_CASE("nn::lstm and nn::gru with carry_state: two halves give what one long sequence gives, and reset_state starts over") {
   using P = locus::amp::fp64;
   const auto check = [](auto& m, auto& full_model) {
     const index_t B = 3, T = 6;
