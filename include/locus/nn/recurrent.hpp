@@ -93,7 +93,7 @@ class recurrent {
 
   /// Every step's output of the last layer, x's layout (see the header).
   ag::var<C, D, 3> operator()(const ag::var<C, D, 3>& x) {
-    (void)ag::detail::owner(x, what().c_str());
+    auto& t = ag::detail::owner(x, what().c_str());
     const auto s = x.shape();
     const index_t batch = o_.batch_first ? s[0] : s[1];
     if (!o_.carry_state || !carried_) return forward(x, nullptr, nullptr, true).y;
@@ -101,7 +101,6 @@ class recurrent {
       throw shape_error("locus: " + what() + " carries a state of batch " + std::to_string(state_h_.shape()[1]) +
                         " from its last call, but got an input of shape " + ::locus::detail::shape_string(s) +
                         " (batch " + std::to_string(batch) + "); call reset_state() where the sequences change");
-    auto& t = ag::detail::owner(x, what().c_str());
     const auto h0 = t.constant(state_h_);
     if constexpr (G == 4) {
       const auto c0 = t.constant(state_c_);
@@ -176,10 +175,9 @@ class recurrent {
         return ag::reshape(ag::slice(*st, 0, l, l + 1), extents<2>{batch, hidden_});
       };
       if constexpr (G == 4) {
-        const auto r = h0 ? ag::lstm(seq, layer_state(h0), c0 ? layer_state(c0) : zeros_like_state(x, batch), wih,
-                                     whh, bih, bhh)
-                          : (c0 ? ag::lstm(seq, zeros_like_state(x, batch), layer_state(c0), wih, whh, bih, bhh)
-                                : ag::lstm(seq, wih, whh, bih, bhh));
+        // h0 and c0 come together (run(x, h0, c0), or the carried state) or not at all
+        const auto r = h0 ? ag::lstm(seq, layer_state(h0), layer_state(c0), wih, whh, bih, bhh)
+                          : ag::lstm(seq, wih, whh, bih, bhh);
         seq = r.y;
         hs.push_back(ag::reshape(r.h, extents<3>{1, batch, hidden_}));
         cs.push_back(ag::reshape(r.c, extents<3>{1, batch, hidden_}));
@@ -206,10 +204,6 @@ class recurrent {
     if (dst.shape() != v.shape()) dst = tensor<C, D, 3>(v.shape());
     ::locus::copy(v, dst);
   }
-  ag::var<C, D, 2> zeros_like_state(const ag::var<C, D, 3>& x, index_t batch) {
-    if (zeros_.shape()[0] != batch || zeros_.shape()[1] != hidden_) zeros_ = ::locus::zeros<C, D>(extents<2>{batch, hidden_});
-    return ag::detail::owner(x, "nn::lstm").constant(zeros_);
-  }
 
   const char* kind_;
   std::string name_;
@@ -218,7 +212,6 @@ class recurrent {
   std::deque<param<D, Policy, 2>> w_ih_, w_hh_;
   std::deque<param<D, Policy, 1>> b_ih_, b_hh_;
   tensor<C, D, 3> state_h_, state_c_;
-  tensor<C, D, 2> zeros_;
   bool carried_ = false;
 };
 
