@@ -15,13 +15,9 @@
 #endif
 
 #include "fashion_mnist_options.hpp"
+#include "plot_metrics.hpp"
 #include "resnet.hpp"
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,38 +53,8 @@ inline int job_size() {
 #endif
 }
 
-
 /// A command-line error: the message, a pointer to --help, exit status 2 (before anything
 /// else is printed).
-/// Runs scripts/plot-metrics LOG PNG (LOCUS_PLOT_SCRIPT overrides the path compiled in);
-/// false, with a message, when it fails.
-inline bool plot_metrics(const std::string& log, const std::string& png) {
-  const char* env = std::getenv("LOCUS_PLOT_SCRIPT");
-#ifdef LOCUS_PLOT_SCRIPT
-  const std::string script = env ? env : LOCUS_PLOT_SCRIPT;
-#else
-  const std::string script = env ? env : "plot-metrics";
-#endif
-  std::vector<std::string> args{script, log, png};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int status = 0;
-  if (const int e = ::posix_spawnp(&pid, script.c_str(), nullptr, nullptr, argv.data(), environ); e != 0) {
-    std::fprintf(stderr, "fashion_mnist: --plot: cannot run %s: %s\n", script.c_str(), std::strerror(e));
-    return false;
-  }
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return false;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "fashion_mnist: --plot: %s %s %s failed (status %d)\n", script.c_str(), log.c_str(),
-                 png.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    return false;
-  }
-  return true;
-}
-
 [[noreturn]] inline void usage(const std::string& why) {
   std::fprintf(stderr, "fashion_mnist: %s\nusage: fashion_mnist [OPTIONS]; fashion_mnist --help lists them\n",
                why.c_str());
@@ -493,7 +459,7 @@ inline int train_model(const config& c, locus::data::idx_dataset& train_set, loc
     if (!c.plot.empty() && rank == 0) {
       log.close();
       std::fflush(stdout);
-      if (!plot_metrics(c.log, c.plot)) return 1;
+      if (!locus_examples::plot_metrics("fashion_mnist", c.log, c.plot)) return 1;
     }
     return 0;
   };

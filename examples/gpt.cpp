@@ -11,8 +11,9 @@
 // learning rate, clipping at norm 1. The split is deterministic (the corpus's last 10%
 // validates), training windows come from Philox(seed); every --eval-every steps the
 // validation loss and perplexity over the same windows are printed (and logged with
-// --log), and checkpoints are written with --checkpoint-dir (step-N and last). At the end a sample of
-// generated text (--temperature, --top-k; the same --seed gives the same text).
+// --log), and checkpoints are written with --checkpoint-dir (step-N and last); --plot PNG
+// renders the log at the end (scripts/plot-metrics). At the end a sample of generated
+// text (--temperature, --top-k; the same --seed gives the same text).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <locus/train.hpp>
 
 #include "gpt_model.hpp"
+#include "plot_metrics.hpp"
 
 namespace nn = locus::nn;
 using gpt_job::gpt;
@@ -72,7 +74,7 @@ std::int64_t sample_next(const Model& m, const std::vector<std::int64_t>& ids, i
 
 int main(int argc, char** argv) {
   CLI::App app{"locus: a character-level GPT on a text corpus (the second main job)"};
-  std::string corpus_path = "/usr/share/games/fortunes", log_path, checkpoint_dir, resume_path;
+  std::string corpus_path = "/usr/share/games/fortunes", log_path, plot_path, checkpoint_dir, resume_path;
   gpt_config g;
   index_t batch = 32, eval_batches = 16, sample_length = 300, top_k = 20;
   std::int64_t steps = 600, eval_every = 100, warmup = 50;
@@ -97,6 +99,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(index_t{1}, index_t{1} << 20));
   app.add_option("--seed", seed, "initialisation, training windows and the sample");
   app.add_option("--log", log_path, "CSV of step, train_loss, val_loss, val_perplexity, lr, seconds");
+  app.add_option("--plot", plot_path,
+                 "at the end, render the --log CSV (losses, perplexity, learning rate per evaluation) to this PNG "
+                 "(scripts/plot-metrics, matplotlib)");
   app.add_option("--checkpoint-dir", checkpoint_dir, "write DIR/step-N.safetensors and DIR/last.safetensors at every evaluation");
   app.add_option("--resume", resume_path, "continue from a checkpoint this program wrote");
   app.add_option("--sample", sample_length, "characters of text to generate at the end (0: none)")
@@ -104,6 +109,11 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature, "the sample's temperature")->check(CLI::PositiveNumber);
   app.add_option("--top-k", top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::Range(index_t{0}, index_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
+  // checked here, not with CLI11's needs(), which an empty --log '' satisfies
+  if (!plot_path.empty() && log_path.empty()) {
+    std::fprintf(stderr, "locus: --plot needs --log FILE.csv (the log it draws)\n");
+    return 2;
+  }
 
   try {
     if (g.width % g.heads != 0)
@@ -177,6 +187,11 @@ int main(int argc, char** argv) {
       std::printf("locus: a sample (temperature %.2f, top-k %lld, seed %llu):\n%s\n", temperature,
                   static_cast<long long>(top_k), static_cast<unsigned long long>(seed),
                   corpus.decode(std::span<const std::int64_t>(ids).subspan(1)).c_str());
+    }
+    if (!plot_path.empty()) {
+      log.close();
+      std::fflush(stdout);
+      if (!locus_examples::plot_metrics("gpt", log_path, plot_path)) return 1;
     }
   } catch (const locus::error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -3,12 +3,13 @@
 
     plot_metrics.py METRICS.csv [OUT.png] [--title TEXT]
 
-Three panels, one point per epoch: the train and test loss, the test accuracy, and the
-learning rate (when the log has an `lr` column). Each series has its own fixed colour
-(SERIES below), so a test can find every curve in the image. Columns other than
-`epoch` that a log lacks are left out of the plot; a log without `epoch` or without
-rows is refused with a message and exit status 2. Needs matplotlib (scripts/plot-metrics
-installs it into the test virtual environment).
+Three panels, one point per row: the losses (train, test or validation), the test
+accuracy or the validation perplexity, and the learning rate (when the log has an `lr`
+column). The x axis is the log's `epoch` column (the Fashion-MNIST job) or its `step`
+column (the GPT job). Each series has its own fixed colour (SERIES below), so a test can
+find every curve in the image. Columns that a log lacks are left out of the plot; a log
+without `epoch` or `step`, or without rows, is refused with a message and exit status 2.
+Needs matplotlib (scripts/plot-metrics installs it into the test virtual environment).
 """
 import argparse
 import csv
@@ -16,14 +17,16 @@ import math
 import os
 import sys
 
-# column -> (panel, label, colour); the colours are matplotlib's first four "tab" colours
+# column -> (panel, label, colour); the colours are matplotlib's first six "tab" colours
 SERIES = {
     "train_loss": (0, "train loss", "#1f77b4"),
     "test_loss": (0, "test loss", "#ff7f0e"),
+    "val_loss": (0, "validation loss", "#9467bd"),
     "test_accuracy": (1, "test accuracy", "#2ca02c"),
+    "val_perplexity": (1, "validation perplexity", "#8c564b"),
     "lr": (2, "learning rate", "#d62728"),
 }
-PANELS = ("loss", "test accuracy", "learning rate")
+X_COLUMNS = ("epoch", "step")  # the first of these a log has is the x axis
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 4.0, 100  # 1200 x 400 pixels
 
 
@@ -41,18 +44,19 @@ def read(path):
     with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not a column name
         rows = [{(k or "").strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
     if not rows:
-        raise ValueError(f"{path}: no rows (a header and one row per epoch expected)")
-    if "epoch" not in rows[0]:
-        raise ValueError(f"{path}: no 'epoch' column (columns: {', '.join(rows[0].keys())})")
-    epochs, data = [], {k: [] for k in SERIES if k in rows[0]}
+        raise ValueError(f"{path}: no rows (a header and one row per epoch or evaluation expected)")
+    x = next((c for c in X_COLUMNS if c in rows[0]), None)
+    if x is None:
+        raise ValueError(f"{path}: no 'epoch' or 'step' column (columns: {', '.join(rows[0].keys())})")
+    xs, data = [], {k: [] for k in SERIES if k in rows[0]}
     for i, row in enumerate(rows):
         try:
-            epochs.append(int(str(row["epoch"]).strip()))
+            xs.append(int(str(row[x]).strip()))
         except (TypeError, ValueError):
-            raise ValueError(f"{path}: row {i + 2}: epoch {row['epoch']!r} is not an integer") from None
+            raise ValueError(f"{path}: row {i + 2}: {x} {row[x]!r} is not an integer") from None
         for k in data:
             data[k].append(value(row.get(k)))
-    return epochs, data
+    return x, xs, data
 
 
 def main():
@@ -69,7 +73,7 @@ def main():
         print(f"plot-metrics: the output directory {out_dir} does not exist", file=sys.stderr)
         return 2
     try:
-        epochs, data = read(args.csv)
+        x, epochs, data = read(args.csv)
     except (OSError, ValueError) as e:
         print(f"plot-metrics: {e}", file=sys.stderr)
         return 2
@@ -80,9 +84,10 @@ def main():
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
-    for ax, name in zip(axes, PANELS):
+    middle = " / ".join(SERIES[k][1] for k in data if SERIES[k][0] == 1) or "test accuracy"
+    for ax, name in zip(axes, ("loss", middle, "learning rate")):
         ax.set_title(name)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel(x)
         ax.grid(True, color="#dddddd", linewidth=0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for key, values in data.items():
@@ -99,7 +104,7 @@ def main():
     fig.suptitle(args.title or os.path.basename(args.csv))
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
-    print(f"plot-metrics: wrote {out} ({len(epochs)} epochs: {', '.join(SERIES[k][1] for k in data)})")
+    print(f"plot-metrics: wrote {out} ({len(epochs)} {x}s: {', '.join(SERIES[k][1] for k in data)})")
     return 0
 
 

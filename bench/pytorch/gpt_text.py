@@ -10,8 +10,13 @@ the last 10% of the corpus). Training windows are drawn by torch's generator (se
 by locus's Philox: the same distribution, not the same windows.
 
     gpt_text.py [--corpus DIR] [--steps 600] [--eval-every 100] [--threads N] [--log CSV]
+    gpt_text.py --evaluate CHECKPOINT [--corpus ... --context ... as gpt was run]
 
-Prints one line per evaluation as gpt does (step, train loss, val loss, perplexity)."""
+Prints one line per evaluation as gpt does (step, train loss, val loss, perplexity).
+With --evaluate it trains nothing: it loads the model's weights from a checkpoint gpt
+wrote (its tensors under PyTorch's names, strictly: every parameter, nothing else but
+the optimizer's "optimizer.*" state) and prints "val loss X" over the same windows, in
+float64 (tests/python/gpt_checkpoint.py compares it with gpt's own figure)."""
 import argparse
 import math
 import os
@@ -38,6 +43,7 @@ p.add_argument("--eval-batches", type=int, default=16)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=0)
 p.add_argument("--log", default="")
+p.add_argument("--evaluate", default="", help="a checkpoint gpt wrote: print its validation loss and stop")
 a = p.parse_args()
 if a.threads > 0:
     torch.set_num_threads(a.threads)
@@ -110,6 +116,21 @@ windows = (len(val) - 1) // T
 starts = [w * T for w in range(min(windows, a.eval_batches * B))]
 val_x = torch.stack([val[s: s + T] for s in starts])
 val_y = torch.stack([val[s + 1: s + 1 + T] for s in starts])
+
+
+def val_loss():
+    with torch.no_grad():
+        return sum(F.cross_entropy(m(val_x[i: i + B]), val_y[i: i + B].reshape(-1), reduction="sum").item()
+                   for i in range(0, len(val_x), B)) / val_y.numel()
+
+
+if a.evaluate:
+    from safetensors.torch import load_file
+
+    state = {k: v for k, v in load_file(a.evaluate).items() if not k.startswith("optimizer.")}
+    m.double().load_state_dict({k: v.double() for k, v in state.items()}, strict=True)
+    print(f"{a.evaluate}: {len(state)} tensors loaded into the PyTorch GPT; val loss {val_loss():.10f}")
+    sys.exit(0)
 log = open(a.log, "w") if a.log else None
 if log:
     log.write("step,train_loss,val_loss,val_perplexity,lr,seconds\n")
@@ -128,9 +149,7 @@ for step in range(a.steps):
     run_loss += loss.item()
     run_n += 1
     if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-        with torch.no_grad():
-            vl = sum(F.cross_entropy(m(val_x[i: i + B]), val_y[i: i + B].reshape(-1), reduction="sum").item()
-                     for i in range(0, len(val_x), B)) / val_y.numel()
+        vl = val_loss()
         secs = time.time() - t0
         print(f"step {step + 1:6d}  train loss {run_loss / run_n:.4f}  val loss {vl:.4f}  perplexity {math.exp(vl):.3f}  "
               f"lr {lr_at(step):.2e}  {secs:.0f} s", flush=True)

@@ -11,6 +11,10 @@ Checks what a user relies on:
   * resumed (--resume) from the step-20 checkpoint of a 40-step run, the run prints the
     same step-40 line as the run without a stop, and the log continues;
   * the sample holds only characters of the corpus, and the same seed gives the same text;
+  * --plot renders the log to a 1200 x 400 PNG with the train and validation loss, the
+    validation perplexity and the learning rate each in its panel (decoded with
+    main_job.py's zlib reader; skipped, visibly, where scripts/plot-metrics cannot have
+    matplotlib); --plot without --log is refused naming --log;
   * a missing corpus, a binary file, heads that do not divide the width and a context of
     zero are refused with a message and a non-zero exit status.
 """
@@ -20,6 +24,9 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import main_job  # noqa: E402 (its PNG reader and plot check)
 
 if len(sys.argv) != 3:
     print("usage: gpt_job.py GPT_BINARY WORK_DIR", file=sys.stderr)
@@ -79,6 +86,23 @@ sample = full[full.find("a sample"):].split("\n", 1)[1] if "a sample" in full el
 check(len(sample) >= 80 and set(sample) <= set(open(corpus).read()), "the sample has 80 characters of the corpus")
 again = run(*small, "--steps", "40", "--sample", "80", "--seed", "3").stdout
 check(again[again.find("a sample"):] == full[full.find("a sample"):], "the same seed gives the same sample")
+
+# --plot: the log of a 60-step run (three evaluations) as scripts/plot_metrics.py draws it
+plot_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "plot-metrics")
+if subprocess.run([plot_script, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+    png = os.path.join(work, "curves.png")
+    run(*small, "--steps", "60", "--log", os.path.join(work, "plotted.csv"), "--plot", png, "--sample", "0")
+    check(os.path.exists(png), "--plot writes the PNG")
+    if os.path.exists(png):  # main_job.check_plot exits with FAILED on a bad image
+        main_job.check_plot(png, "--plot", {"train loss": ((0x1f, 0x77, 0xb4), 0),
+                                            "validation loss": ((0x94, 0x67, 0xbd), 0),
+                                            "validation perplexity": ((0x8c, 0x56, 0x4b), 1),
+                                            "learning rate": ((0xd6, 0x27, 0x28), 2)})
+else:
+    print("SKIPPED: the --plot checks (scripts/plot-metrics: matplotlib is not available)")
+p = run(*small, "--steps", "1", "--plot", os.path.join(work, "nolog.png"), ok=False)
+check(p.returncode == 2 and "--plot needs --log" in p.stderr and not os.path.exists(os.path.join(work, "nolog.png")),
+      f"--plot without --log is refused: exit {p.returncode}, {p.stderr!r}")
 
 ck = os.path.join(work, "ckpt")
 first = run(*small, "--steps", "40", "--checkpoint-dir", ck, "--log", os.path.join(work, "resumed.csv"), "--sample", "0",

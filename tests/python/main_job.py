@@ -105,15 +105,16 @@ PLOT_SERIES = {"train loss": ((0x1f, 0x77, 0xb4), 0), "test loss": ((0xff, 0x7f,
                "test accuracy": ((0x2c, 0xa0, 0x2c), 1), "learning rate": ((0xd6, 0x27, 0x28), 2)}
 
 
-def check_plot(path, what):
-    """The PNG is 1200 x 400, not blank, and every series' curve is drawn in its panel."""
+def check_plot(path, what, series=None):
+    """The PNG is 1200 x 400, not blank, and every series' curve (PLOT_SERIES unless
+    `series` is given) is drawn in its panel."""
     w, h, rows = read_png(path)
     if (w, h) != (1200, 400):
         fail(f"{what}: {path} is {w} x {h}, 1200 x 400 expected")
     inked = sum(1 for row in rows for px in row if px != (255, 255, 255))
     if inked < 0.02 * w * h:
         fail(f"{what}: {path} is nearly blank ({inked} of {w * h} pixels not white)")
-    for name, (rgb, panel) in PLOT_SERIES.items():
+    for name, (rgb, panel) in (series or PLOT_SERIES).items():
         xs = [x for row in rows for x, px in enumerate(row) if px == rgb]
         inside = [x for x in xs if panel * w // 3 <= x < (panel + 1) * w // 3]
         if len(inside) < 100:
