@@ -16,6 +16,13 @@ and rms_norm.x, .w, .gy, .y, .gx, .gw for torch.nn.functional.rms_norm over the 
 axis with a gain (eps 1e-5), and layer_norm.x, .w, .b, .gy, .y, .gx, .gw, .gb for
 torch.nn.functional.layer_norm with weight and bias (eps 1e-5).
 
+And for tests/test_attention_module.cpp, nn.MultiheadAttention as its self_net and
+cross_net (the input through a zero "shift" parameter, so its gradient is the input's):
+mha_self (batch_first, causal mask, width 12, 3 heads, x [2, 6, 12]) and mha_cross (time
+first, width 8, 2 heads, query [4, 2, 8], key and value [7, 2, 8] parameters), each
+with .x, .gy, .y, .w.NAME and .g.NAME for every parameter under named_parameters()'s
+names (attn.in_proj_weight, ...).
+
 The case names and their options (causal, scale) are read by the C++ test: keep them in
 step with the table there. Exit 77 (CTest: skipped) without torch or safetensors."""
 import os
@@ -76,6 +83,47 @@ gy = torch.randn(*y.shape)
 (y * gy).sum().backward()
 for key, t in (("x", x), ("w", w), ("b", b), ("gy", gy), ("y", y), ("gx", x.grad), ("gw", w.grad), ("gb", b.grad)):
     out[f"layer_norm.{key}"] = t.detach().clone().contiguous()
+
+
+
+class SelfNet(torch.nn.Module):  # tests/test_attention_module.cpp's self_net, batch first and causal
+    def __init__(self, shape, e, h):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(*shape))
+        self.attn = torch.nn.MultiheadAttention(e, h, batch_first=True)
+
+    def forward(self, x):
+        z = x + self.shift
+        t = z.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)  # True: not attended
+        return self.attn(z, z, z, attn_mask=mask, need_weights=False)[0]
+
+
+class CrossNet(torch.nn.Module):  # its cross_net, time first, no mask
+    def __init__(self, shape, kv, e, h):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(*shape))
+        self.key = torch.nn.Parameter(torch.rand(*kv) * 2 - 1)
+        self.val = torch.nn.Parameter(torch.rand(*kv) * 2 - 1)
+        self.attn = torch.nn.MultiheadAttention(e, h)
+
+    def forward(self, x):
+        return self.attn(x + self.shift, self.key, self.val, need_weights=False)[0]
+
+
+for name, net, xshape in (("mha_self", SelfNet((2, 6, 12), 12, 3), (2, 6, 12)),
+                          ("mha_cross", CrossNet((4, 2, 8), (7, 2, 8), 8, 2), (4, 2, 8))):
+    with torch.no_grad():  # biases away from PyTorch's zeros, so that their gradients matter
+        net.attn.in_proj_bias.copy_(0.3 * torch.randn(*net.attn.in_proj_bias.shape))
+        net.attn.out_proj.bias.copy_(0.3 * torch.randn(*net.attn.out_proj.bias.shape))
+    x = torch.randn(*xshape)
+    y = net(x)
+    gy = torch.randn(*y.shape)
+    (y * gy).sum().backward()
+    out[f"{name}.x"], out[f"{name}.gy"], out[f"{name}.y"] = x.clone(), gy.clone(), y.detach().clone().contiguous()
+    for n, p_ in net.named_parameters():
+        out[f"{name}.w.{n}"] = p_.detach().clone().contiguous()
+        out[f"{name}.g.{n}"] = p_.grad.detach().clone().contiguous()
 
 assert all(v.dtype == torch.float64 for v in out.values())
 path = sys.argv[1]
