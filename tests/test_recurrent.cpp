@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -554,4 +555,89 @@ TEST_CASE("LSTM and GRU equal PyTorch in f64: nn.LSTM and nn.GRU weights load by
     }
   }
 #endif
+}
+
+namespace {
+template <class D, class P>
+struct carried_block : nn::module<D, P> {
+  nn::lstm<D, P> rnn{this, "rnn", 2, 3, {.carry_state = true}};
+  auto forward(const typename carried_block::template var<3>& x) { return rnn(x); }
+};
+template <class D, class P>
+struct checkpointed_carry : nn::module<D, P> {
+  nn::child<carried_block<D, P>> blk{this, "blk"};
+  auto forward(const typename checkpointed_carry::template var<3>& x) { return nn::checkpoint(blk, x); }
+};
+}  // namespace
+
+TEST_CASE("recurrent layers, from an outside review: strided b_hh, shape queries, checkpoints, huge hidden sizes") {
+  using P = locus::amp::fp64;
+  SUBCASE("a strided or broadcast b_hh is refused; a strided b_ih gives the contiguous result") {
+    ag::tape<double, cpu> t;
+    const auto x = locus::randn<double, cpu>({3, 2, 2}, 1);
+    const auto wih = locus::randn<double, cpu>({12, 2}, 2);
+    const auto whh = locus::randn<double, cpu>({12, 3}, 3);
+    const auto b = locus::randn<double, cpu>({12}, 4);
+    std::vector<double> spaced(24, 100.0);
+    for (index_t i = 0; i < 12; ++i) spaced[static_cast<std::size_t>(2 * i)] = b.data_handle()[i];
+    const auto bs = locus::unsafe_view<cpu>(static_cast<const double*>(spaced.data()), extents<1>{12}, extents<1>{2});
+    const double one = 0.5;
+    const auto b0 = locus::unsafe_view<cpu>(&one, extents<1>{12}, extents<1>{0});
+    CHECK_THROWS_AS((void)ag::lstm(t.constant(x), t.constant(wih), t.constant(whh), t.constant(b), t.constant(bs)),
+                    locus::shape_error);
+    CHECK_THROWS_AS((void)ag::lstm(t.constant(x), t.constant(wih), t.constant(whh), t.constant(b), t.constant(b0)),
+                    locus::shape_error);
+    const auto wg = locus::randn<double, cpu>({9, 2}, 5), whg = locus::randn<double, cpu>({9, 3}, 6);
+    const auto bgs = locus::unsafe_view<cpu>(static_cast<const double*>(spaced.data()), extents<1>{9}, extents<1>{2});
+    const auto bg = locus::randn<double, cpu>({9}, 7);
+    CHECK_THROWS_AS((void)ag::gru(t.constant(x), t.constant(wg), t.constant(whg), t.constant(bg), t.constant(bgs)),
+                    locus::shape_error);
+    const auto strided_ih = ag::lstm(t.constant(x), t.constant(wih), t.constant(whh), t.constant(bs), t.constant(b));
+    const auto plain = ag::lstm(t.constant(x), t.constant(wih), t.constant(whh), t.constant(b), t.constant(b));
+    for (index_t i = 0; i < plain.y.numel(); ++i)
+      CHECK(strided_ih.y.value().data_handle()[i] == plain.y.value().data_handle()[i]);
+  }
+  SUBCASE("output_shape and layer_shapes neither read nor advance a carried state") {
+    nn::model<one_lstm<cpu, P>> m(nn::rnn_options{.carry_state = true});
+    CHECK(m.output_shape({4, 1, 2}) == std::vector<index_t>{4, 1, 3});
+    CHECK_FALSE(m.net().rnn.has_state());
+    const auto x = locus::randn<double, cpu>({4, 3, 2}, 8);
+    (void)m.infer(x.view());
+    REQUIRE(m.net().rnn.has_state());
+    const auto kept = m.net().rnn.state_h().clone();
+    CHECK(m.output_shape({4, 1, 2}) == std::vector<index_t>{4, 1, 3});  // another batch than the state's
+    CHECK(m.layer_shapes({4, 3, 2}).size() >= 1);
+    const auto after = m.net().rnn.state_h();
+    REQUIRE(after.shape() == kept.shape());
+    for (index_t i = 0; i < kept.numel(); ++i) CHECK(after.data_handle()[i] == kept.data_handle()[i]);
+    // and the next call goes on from that state as if no query had run
+    nn::model<one_lstm<cpu, P>> same(nn::rnn_options{.carry_state = true});
+    for (index_t i = 0; i < m.parameters().master().numel(); ++i)
+      same.parameters().master().data_handle()[i] = m.parameters().master().data_handle()[i];
+    same.parameters().sync_compute();
+    (void)same.infer(x.view());
+    const auto y1 = m.infer(x.view()), y2 = same.infer(x.view());
+    for (index_t i = 0; i < y1.numel(); ++i) CHECK(y1.data_handle()[i] == y2.data_handle()[i]);
+  }
+  SUBCASE("carry_state inside nn::checkpoint is an autograd_error, not wrong gradients") {
+    nn::model<checkpointed_carry<cpu, P>> m;
+    const auto x = locus::randn<double, cpu>({3, 2, 2}, 9);
+    CHECK_THROWS_WITH_AS((void)m.forward(x.view()), doctest::Contains("inside nn::checkpoint"), locus::autograd_error);
+    CHECK_FALSE(m.net().blk->rnn.has_state());
+    (void)m.infer(x.view());  // inference keeps nothing for backward: allowed
+    CHECK(m.net().blk->rnn.has_state());
+  }
+  SUBCASE("a hidden size whose gate count overflows is a shape_error, not a wrapped product") {
+    ag::tape<double, cpu> t;
+    const locus::tensor<double, cpu, 3> x(extents<3>{1, 1, 1});
+    const locus::tensor<double, cpu, 2> wih(extents<2>{0, 1}), whh(extents<2>{0, index_t{1} << 62});
+    const locus::tensor<double, cpu, 1> b(extents<1>{0});
+    CHECK_THROWS_WITH_AS(
+        (void)ag::lstm(t.constant(x), t.constant(wih), t.constant(whh), t.constant(b), t.constant(b)),
+        doctest::Contains("too large"), locus::shape_error);
+    const locus::tensor<double, cpu, 2> whg(extents<2>{0, std::numeric_limits<index_t>::max() / 3 + 1});
+    CHECK_THROWS_WITH_AS(
+        (void)ag::gru(t.constant(x), t.constant(wih), t.constant(whg), t.constant(b), t.constant(b)),
+        doctest::Contains("too large"), locus::shape_error);
+  }
 }

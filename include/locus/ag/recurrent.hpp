@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -325,6 +326,8 @@ void check_rnn_shapes(const char* what, const extents<3>& x, const extents<2>* h
   };
   const index_t hidden = whh[1];
   if (hidden < 1) fail("the hidden size (w_hh's second extent) must be at least 1");
+  if (hidden > std::numeric_limits<index_t>::max() / G)
+    fail("the hidden size " + std::to_string(hidden) + " is too large (" + std::to_string(G) + " x it overflows)");
   if (whh[0] != G * hidden) fail("w_hh must have " + std::to_string(G) + " x its second extent rows");
   if (wih[0] != G * hidden) fail("w_ih must have as many rows as w_hh");
   if (wih[1] != x[2]) fail("the input's features (x's last extent) must equal w_ih's second extent");
@@ -351,6 +354,7 @@ auto rnn_impl(const char* what, const var<T, D, 3>& x, const var<T, D, 2>* h0, c
   check_contiguous_value(x, what);
   if (h0) check_contiguous_value(*h0, what);
   if (c0) check_contiguous_value(*c0, what);
+  check_contiguous_value(bhh, what);  // the gate kernels read b_hh by index (b_ih goes through the GEMM)
   const index_t steps = x.shape()[0], batch = x.shape()[1], in = x.shape()[2], hidden = whh.shape()[1];
   const index_t bh = batch * hidden, gh = G * hidden, rows = steps * batch;
   const bool rg = x.requires_grad() || wih.requires_grad() || whh.requires_grad() || bih.requires_grad() ||
@@ -510,5 +514,23 @@ LOCUS_RNN_GUARD(gru, 5, detail::lstm_ranks5,
                 "x [T, B, I] (rank 3), w_ih [3H, I] and w_hh [3H, H] (rank 2), b_ih and b_hh [3H] (rank 1); a "
                 "batch-first input [B, T, I] turns with ag::transpose(x, 0, 1)")
 #undef LOCUS_RNN_GUARD
+
+// Prevents: another number of values (a forgotten c0, a c0 given to the GRU).
+template <class... A>
+  requires(detail::rnn_all_vars<A...>() && sizeof...(A) != 7 && sizeof...(A) != 5)
+int lstm(const A&...) {
+  static_assert(::locus::detail::always_false<A...>,
+                "locus: ag::lstm takes 7 values, (x, h0, c0, w_ih, w_hh, b_ih, b_hh), or from a zero state 5, (x, "
+                "w_ih, w_hh, b_ih, b_hh); the LSTM's state is h0 and c0 together");
+  return 0;
+}
+template <class... A>
+  requires(detail::rnn_all_vars<A...>() && sizeof...(A) != 6 && sizeof...(A) != 5)
+int gru(const A&...) {
+  static_assert(::locus::detail::always_false<A...>,
+                "locus: ag::gru takes 6 values, (x, h0, w_ih, w_hh, b_ih, b_hh), or from a zero state 5, (x, w_ih, "
+                "w_hh, b_ih, b_hh); the GRU has no cell state c0");
+  return 0;
+}
 
 }  // namespace locus::ag

@@ -131,6 +131,9 @@ class registry {
   int tickets = 0;  // modules that may be constructed now: nn::model's root, an nn::child's module
   std::vector<std::pair<std::string, buffer_view>> buffers;
   std::string prefix;  // of the module being constructed
+  /// Set by nn::model while output_shape() or layer_shapes() runs the forward: layers with
+  /// state across calls (nn::lstm's carried state) leave it alone.
+  bool probing = false;
   /// Set by nn::model during a backward whose gradients data parallel reduces in buckets:
   /// called with an entry's index each time one of its tape entries has run backward.
   std::function<void(std::size_t)> grads_done;
@@ -898,6 +901,7 @@ class model {
   /// of that shape (a module's shapes come from its forward; pass a batch of 1).
   [[nodiscard]] std::vector<index_t> output_shape(const std::vector<index_t>& in) const {
     const auto x = probe_input(in);
+    const probe_scope probing(*reg_);
     const auto y = infer(x);
     const auto s = y.shape();
     return {s.begin(), s.end()};
@@ -909,7 +913,10 @@ class model {
   /// inference forward, so it is not to be called while infer() runs on another thread.
   [[nodiscard]] std::vector<std::vector<index_t>> layer_shapes(const std::vector<index_t>& in) const {
     const auto x = probe_input(in);
-    (void)infer(x);
+    {
+      const probe_scope probing(*reg_);
+      (void)infer(x);
+    }
     std::vector<std::vector<index_t>> out;
     // (a forward over ids records no value for its input: value 0 is the first result)
     const std::size_t first = std::is_integral_v<input_type> ? 0 : 1;
@@ -966,6 +973,14 @@ class model {
   [[nodiscard]] const ag::tape<C, device>& tape() const noexcept { return *tape_; }
 
  private:
+  /// registry::probing for the scope of a shape query (exceptions included).
+  struct probe_scope {
+    detail::registry<device, policy>& r;
+    explicit probe_scope(detail::registry<device, policy>& reg) noexcept : r(reg) { r.probing = true; }
+    ~probe_scope() { r.probing = false; }
+    probe_scope(const probe_scope&) = delete;
+    probe_scope& operator=(const probe_scope&) = delete;
+  };
   static input_arg enter(ag::tape<C, device>& t, const input_view& x) {
     if constexpr (std::is_integral_v<input_type>) return t.ids(x);
     else return t.constant(x);

@@ -71,7 +71,12 @@ class recurrent {
   template <class Parent>
   recurrent(Parent* parent, const std::string& name, index_t input_size, index_t hidden_size, rnn_options o,
             const char* kind)
-      : kind_(kind), name_(parent->prefix() + name), in_(input_size), hidden_(hidden_size), o_(o) {
+      : kind_(kind),
+        name_(parent->prefix() + name),
+        in_(input_size),
+        hidden_(hidden_size),
+        o_(o),
+        probing_(&parent->registry()->probing) {
     const std::string what = std::string("nn::") + kind_ + " '" + name_ + "'";
     if (input_size <= 0 || hidden_size <= 0)
       throw value_error("locus: " + what + " needs a positive input size and hidden size, got " +
@@ -96,6 +101,12 @@ class recurrent {
     auto& t = ag::detail::owner(x, what().c_str());
     const auto s = x.shape();
     const index_t batch = o_.batch_first ? s[0] : s[1];
+    // a shape query (nn::model::output_shape, layer_shapes) neither reads nor advances it
+    if (*probing_) return forward(x, nullptr, nullptr, false).y;
+    if (o_.carry_state && detail::current_segment() != nullptr)
+      throw autograd_error("locus: " + what() + " carries its state (carry_state) inside nn::checkpoint: the "
+                           "recompute in backward would start from the state this forward advanced; leave the layer "
+                           "out of the checkpointed child, or carry no state");
     if (!o_.carry_state || !carried_) return forward(x, nullptr, nullptr, true).y;
     if (state_h_.shape()[1] != batch)
       throw shape_error("locus: " + what() + " carries a state of batch " + std::to_string(state_h_.shape()[1]) +
@@ -213,6 +224,7 @@ class recurrent {
   std::deque<param<D, Policy, 1>> b_ih_, b_hh_;
   tensor<C, D, 3> state_h_, state_c_;
   bool carried_ = false;
+  const bool* probing_;  // the model's registry's: set during a shape query
 };
 
 }  // namespace detail
