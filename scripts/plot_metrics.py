@@ -73,7 +73,7 @@ def main():
         print(f"plot-metrics: the output directory {out_dir} does not exist", file=sys.stderr)
         return 2
     try:
-        x, epochs, data = read(args.csv)
+        x, xs, data = read(args.csv)
     except (OSError, ValueError) as e:
         print(f"plot-metrics: {e}", file=sys.stderr)
         return 2
@@ -92,11 +92,11 @@ def main():
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for key, values in data.items():
         panel, label, colour = SERIES[key]
-        finite = [(e, v) for e, v in zip(epochs, values) if math.isfinite(v)]
+        finite = [(e, v) for e, v in zip(xs, values) if math.isfinite(v)]
         if not finite:
             continue
-        xs, ys = zip(*finite)
-        axes[panel].plot(xs, ys, color=colour, label=label, linewidth=2, marker="o", markersize=3)
+        px, py = zip(*finite)
+        axes[panel].plot(px, py, color=colour, label=label, linewidth=2, marker="o", markersize=3)
     lrs = [v for v in data.get("lr", []) if math.isfinite(v)]
     if lrs and min(lrs) > 0 and max(lrs) / min(lrs) > 100:
         axes[2].set_yscale("log")
@@ -104,7 +104,7 @@ def main():
     fig.suptitle(args.title or os.path.basename(args.csv))
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
-    print(f"plot-metrics: wrote {out} ({len(epochs)} {x}s: {', '.join(SERIES[k][1] for k in data)})")
+    print(f"plot-metrics: wrote {out} ({len(xs)} {x}s: {', '.join(SERIES[k][1] for k in data)})")
     return 0
 
 

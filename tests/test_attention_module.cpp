@@ -147,15 +147,19 @@ void randomise(M& m, std::uint32_t seed) {
   st.sync_compute();
 }
 
+/// The master values of the model's parameter `name`, or null when it has none.
+template <class M>
+const double* param_ptr(M& m, const std::string& name) {
+  auto& st = m.parameters();
+  for (const auto& en : st.entries())
+    if (en.name == name) return st.master().data_handle() + en.offset;
+  return nullptr;
+}
+
 /// The net's output by the reference, from its current parameters.
 template <class M>
 std::vector<double> reference_of(M& m, const locus::tensor<double, cpu, 3>& x, bool cross) {
-  auto& st = m.parameters();
-  const auto ptr = [&](const std::string& n) -> const double* {
-    for (const auto& en : st.entries())
-      if (en.name == n) return st.master().data_handle() + en.offset;
-    return nullptr;
-  };
+  const auto ptr = [&](const std::string& n) { return param_ptr(m, n); };
   auto& a = m.net().attn;
   const mha_ref ref{a.width(),          a.heads(),           a.options().causal,   a.options().batch_first,
                     ptr("attn.in_proj_weight"), ptr("attn.in_proj_bias"), ptr("attn.out_proj.weight"),
@@ -274,13 +278,7 @@ TEST_CASE("nn::multi_head_attention: self-attention against f64 loops, every gra
     randomise(m, 9);
     const auto x = random_tensor<double, 3>(extents<3>{2, 5, 12}, 4);
     const auto y = m.forward(x.view());
-    auto& st = m.parameters();
-    const double* w = st.master().data_handle();
-    const auto ptr = [&](const std::string& n) -> const double* {
-      for (const auto& en : st.entries())
-        if (en.name == n) return w + en.offset;
-      return nullptr;
-    };
+    const auto ptr = [&](const std::string& n) { return param_ptr(m, n); };
     const mha_ref r{12, 4, true, true, ptr("attn.in_proj_weight"), ptr("attn.in_proj_bias"), ptr("attn.out_proj.weight"),
                     ptr("attn.out_proj.bias")};
     const auto want = r(x.data_handle(), x.shape(), x.data_handle(), x.data_handle(), x.shape());
@@ -338,6 +336,8 @@ TEST_CASE("nn::multi_head_attention: heads that do not divide the width, and inp
   CHECK_THROWS_WITH_AS(built(12, 5)(), doctest::Contains("5 heads do not divide the width 12"), locus::value_error);
   CHECK_THROWS_WITH_AS(built(0, 1)(), doctest::Contains("positive width"), locus::value_error);
   CHECK_THROWS_WITH_AS(built(8, -2)(), doctest::Contains("positive width"), locus::value_error);
+  CHECK_THROWS_WITH_AS(built(512, 1)(), doctest::Contains("at most 256 per head"), locus::value_error);
+  CHECK_NOTHROW(built(512, 2)());  // 256 features per head: the kernel's largest
   CHECK_THROWS_WITH_AS(built(std::int64_t{1} << 62, std::int64_t{1} << 61)(), doctest::Contains("too large"),
                        locus::value_error);
 

@@ -25,9 +25,9 @@
 // the fused kernel never forms, are not returned). Every head's T x T scores stay inside
 // the fused kernel (see ag/attention.hpp): the extra memory is linear in T.
 //
-// Rules: the width E and the heads positive, and the heads dividing E: a value_error
-// naming both when the layer is built, or, with the sizes as template arguments, a
-// compile error; an input whose last extent is not E, or a key and value of other
+// Rules: the width E and the heads positive, the heads dividing E, and at most 256
+// features per head (the fused kernel's limit): a value_error naming both when the layer
+// is built, or, with the sizes as template arguments, a compile error; an input whose last extent is not E, or a key and value of other
 // batches or lengths, is a shape_error naming the shapes before anything is recorded.
 #pragma once
 
@@ -63,6 +63,10 @@ inline index_t checked_attention_width(const std::string& what, index_t width, i
     throw value_error("locus: " + what + ": " + std::to_string(heads) + " heads do not divide the width " +
                       std::to_string(width) + " (each head takes width / heads features); pick a divisor of " +
                       std::to_string(width));
+  if (width / heads > ag::max_attention_head_dim)
+    throw value_error("locus: " + what + ": width " + std::to_string(width) + " over " + std::to_string(heads) +
+                      " heads gives heads of " + std::to_string(width / heads) + " features; the fused attention "
+                      "takes at most " + std::to_string(ag::max_attention_head_dim) + " per head: use more heads");
   if (width > std::numeric_limits<index_t>::max() / 3)
     throw value_error("locus: " + what + ": width " + std::to_string(width) + " is too large (3 x width overflows)");
   return width;
@@ -81,6 +85,9 @@ class multi_head_attention {
   static_assert(Heads == 0 || Width % Heads == 0,
                 "locus: nn::multi_head_attention<D, P, Width, Heads>: Heads does not divide Width (each head takes "
                 "Width / Heads features); pick Heads among Width's divisors");
+  static_assert(Heads == 0 || Width / Heads <= ag::max_attention_head_dim,
+                "locus: nn::multi_head_attention<D, P, Width, Heads>: Width / Heads is over 256 features per head, "
+                "more than the fused attention takes; use more heads");
 
  public:
   using device = D;
