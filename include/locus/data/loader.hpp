@@ -557,13 +557,13 @@ class loader {
           auto staged = make_filled<pinned>(first, count, k);
           if (abort_.load(std::memory_order_relaxed)) return;  // stopped: the batch may be half filled
           const index_t f = static_cast<index_t>(source_->features());
-          batch<cuda> b;
+          batch<D> b;  // D is cuda here; a non-dependent batch<cuda> made clang instantiate its destructor in every file
           {
             // Allocate on the consumer's stream, and let the side stream wait for
             // what is already enqueued there (a recycled block may still be read).
             locus::detail::raw_stream_guard on_consumer(cuda_.consumer, cuda_.device);
-            b.x = tensor<float, cuda, 2>(extents<2>{count, f});
-            b.y = tensor<std::int64_t, cuda, 1>(extents<1>{count});
+            b.x = tensor<float, D, 2>(extents<2>{count, f});
+            b.y = tensor<std::int64_t, D, 1>(extents<1>{count});
             consumer_ready->record();
           }
           const cudaStream_t side = cuda_.side->native_handle();
