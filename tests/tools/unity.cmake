@@ -1,6 +1,6 @@
-# locus_unity_sources(OUT SOURCES PCH_HEADERS GROUPS DIR PREFIX): writes the grouped
-# translation units of LOCUS_TEST_UNITY (tests/CMakeLists.txt) and sets OUT to what the
-# target compiles: the group files, and the files that are compiled alone.
+# locus_unity_sources(OUT SOURCES PCH_HEADERS GROUPS DIR PREFIX EXT): writes the grouped
+# translation units of LOCUS_TEST_UNITY (tests/CMakeLists.txt), DIR/PREFIX_N.EXT, and sets
+# OUT to what the target compiles: the group files, and the files that are compiled alone.
 #
 # A group file includes, at file scope and in the order the files first name them, every
 # header its files include outside #if, then each file inside a namespace of its own:
@@ -15,7 +15,7 @@
 # one that includes under #if a header other than those of PCH_HEADERS (the precompiled
 # header holds those: included again, they add nothing). Files go to GROUPS groups by
 # size, largest first into the smallest group, so the groups take about equal time.
-function(locus_unity_sources out sources pch_headers groups dir prefix)
+function(locus_unity_sources out sources pch_headers groups dir prefix ext)
   set(_alone "")
   set(_keyed "")
   foreach(src IN LISTS sources)
@@ -87,10 +87,12 @@ function(locus_unity_sources out sources pch_headers groups dir prefix)
           math(EXPR _depth "${_depth} - 1")
         elseif(_depth EQUAL 0 AND l MATCHES "^[ \t]*#[ \t]*include[ \t]*(<[^>]+>|\"[^\"]+\")")
           set(_inc "${CMAKE_MATCH_1}")
-          if(_inc MATCHES "^\"(.*)\"$")  # a file of tests/: by its path
+          if(_inc MATCHES "^\"(.*)\"$")  # found beside the file first: then by that path
             get_filename_component(_dir "${src}" DIRECTORY)
             get_filename_component(_abs "${CMAKE_MATCH_1}" ABSOLUTE BASE_DIR "${_dir}")
-            set(_inc "\"${_abs}\"")
+            if(EXISTS "${_abs}")
+              set(_inc "\"${_abs}\"")
+            endif()
           endif()
           if(NOT _inc IN_LIST _includes)
             list(APPEND _includes "${_inc}")
@@ -106,7 +108,7 @@ function(locus_unity_sources out sources pch_headers groups dir prefix)
       string(APPEND _text "#include ${i}\n")
     endforeach()
     string(APPEND _text "${_body}")
-    set(_unit "${dir}/${prefix}_${g}.cpp")
+    set(_unit "${dir}/${prefix}_${g}.${ext}")
     file(CONFIGURE OUTPUT "${_unit}" CONTENT "${_text}" @ONLY)
     list(APPEND _units "${_unit}")
   endforeach()
