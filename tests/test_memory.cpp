@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <limits>
@@ -39,6 +40,24 @@ TEST_CASE("peak tracks the high-water mark and reset_peak_memory_stats starts ag
   CHECK(s.peak_allocated_bytes >= base + 2 * (8u << 16));
   locus::reset_peak_memory_stats<locus::cpu>();
   CHECK(locus::memory_stats<locus::cpu>().peak_allocated_bytes == base);
+}
+
+TEST_CASE("memory_summary names each device of the build and the cpu allocator's own figures") {
+  auto t = locus::empty<float, locus::cpu>({1 << 18});  // 1 MiB live
+  const auto s = locus::memory_stats<locus::cpu>();
+  const std::string text = locus::memory_summary();
+  char want[128];
+  std::snprintf(want, sizeof want, "  cpu      allocated %.1f MiB, reserved %.1f MiB, peak %.1f MiB,",
+                static_cast<double>(s.allocated_bytes) / 1048576.0, static_cast<double>(s.reserved_bytes) / 1048576.0,
+                static_cast<double>(s.peak_allocated_bytes) / 1048576.0);
+  CHECK(text.rfind("memory:\n", 0) == 0);
+  CHECK(text.find(want) != std::string::npos);
+#if LOCUS_HAS_CUDA
+  CHECK(text.find("  pinned   allocated ") != std::string::npos);
+  CHECK((text.find("  cuda:0   allocated ") != std::string::npos || text.find("  cuda     no GPU visible") != std::string::npos));
+#else
+  CHECK(text.find("pinned") == std::string::npos);
+#endif
 }
 
 TEST_CASE("the cpu allocator counts each allocation rounded up to 64 bytes and caches nothing below 64 KiB") {

@@ -13,13 +13,21 @@
 # inside the namespace. Compiled alone instead: a file with #define or #undef (a macro
 # would reach the next file, and one defined before an include changes that header), and
 # one that includes under #if a header other than those of PCH_HEADERS (the precompiled
-# header holds those: included again, they add nothing). Files go to GROUPS groups by
+# header holds those: included again, they add nothing), and one with a #pragma other than
+# omp or once (a diagnostic pragma would reach the next file). A group makes visible to
+# each file the headers its group-mates include: LOCUS_TEST_UNITY=OFF compiles every file
+# alone (the check that each includes what it uses). Files go to GROUPS groups by
 # size, largest first into the smallest group, so the groups take about equal time.
 function(locus_unity_sources out sources pch_headers groups dir prefix ext)
+  if(NOT groups MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "locus: LOCUS_TEST_UNITY_GROUPS must be a positive number, not '${groups}'")
+  endif()
+  # The grouping reads the files: an edit (a new #define or #include) re-runs it.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${sources})
   set(_alone "")
   set(_keyed "")
   foreach(src IN LISTS sources)
-    file(STRINGS "${src}" _pp REGEX "^[ \t]*#")
+    file(STRINGS "${src}" _pp REGEX "^[ \t]*#" ENCODING UTF-8)
     set(_depth 0)
     set(_ok TRUE)
     foreach(l IN LISTS _pp)
@@ -29,6 +37,8 @@ function(locus_unity_sources out sources pch_headers groups dir prefix ext)
         math(EXPR _depth "${_depth} - 1")
       elseif(l MATCHES "^[ \t]*#[ \t]*(define|undef)")
         set(_ok FALSE)
+      elseif(l MATCHES "^[ \t]*#[ \t]*pragma" AND NOT l MATCHES "^[ \t]*#[ \t]*pragma[ \t]+(omp|once)")
+        set(_ok FALSE)  # a diagnostic pragma would reach the next file
       elseif(l MATCHES "^[ \t]*#[ \t]*include" AND _depth GREATER 0)
         if(NOT l MATCHES "^[ \t]*#[ \t]*include[ \t]*<([^>]+)>")
           set(_ok FALSE)
@@ -78,7 +88,7 @@ function(locus_unity_sources out sources pch_headers groups dir prefix ext)
     set(_includes "")
     set(_body "")
     foreach(src IN LISTS _files_${g})
-      file(STRINGS "${src}" _pp REGEX "^[ \t]*#")
+      file(STRINGS "${src}" _pp REGEX "^[ \t]*#" ENCODING UTF-8)
       set(_depth 0)
       foreach(l IN LISTS _pp)
         if(l MATCHES "^[ \t]*#[ \t]*if")
@@ -109,7 +119,13 @@ function(locus_unity_sources out sources pch_headers groups dir prefix ext)
     endforeach()
     string(APPEND _text "${_body}")
     set(_unit "${dir}/${prefix}_${g}.${ext}")
-    file(CONFIGURE OUTPUT "${_unit}" CONTENT "${_text}" @ONLY)
+    set(_old "")
+    if(EXISTS "${_unit}")
+      file(READ "${_unit}" _old)
+    endif()
+    if(NOT _old STREQUAL _text)  # rewritten only when it changes: no rebuild otherwise
+      file(WRITE "${_unit}" "${_text}")
+    endif()
     list(APPEND _units "${_unit}")
   endforeach()
   set(${out} ${_units} ${_alone} PARENT_SCOPE)
