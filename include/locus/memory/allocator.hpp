@@ -80,7 +80,7 @@ LOCUS_SHARED_STATE auto& allocator_instance() {
 /// The kind of device D's allocator (allocator_instance's Kind). Dependent on D, so that
 /// allocator_for's body names no caching allocator before it is called: a non-dependent
 /// allocator_instance<1>() there (its return type deduced) instantiated both caching
-/// allocators in every file that includes locus (about 0.4 s of each compile, also under
+/// allocators in every file that includes locus (0.3 to 0.4 s of each compile, also under
 /// -fsyntax-only). Without CUDA every kind is 0 (require_device_enabled has fired).
 template <class D>
 inline constexpr int allocator_kind =
@@ -275,8 +275,8 @@ void set_memory_limit(std::size_t bytes, int gpu) {
 /// One line per device the build has (cpu; pinned and each GPU of cuda with CUDA):
 /// allocated, reserved, peak and limit, for logs and the doctor program. (A template
 /// only so that a file that never calls it does not instantiate the caching allocators:
-/// about 0.3 s of every user file's compile, with -fsyntax-only too.)
-template <class D = cpu, class P = pinned, class C = cuda>  // P, C: dependent, so nothing is instantiated before a call
+/// 0.3 to 0.4 s of every user file's compile, with -fsyntax-only too.)
+template <class P = pinned, class C = cuda>  // dependent, so nothing is instantiated before a call
 std::string memory_summary() {
   const auto mib = [](std::size_t b) { return detail::format("%.1f MiB", static_cast<double>(b) / 1048576.0); };
   const auto line = [&](const std::string& name, const memory_statistics& m) {
@@ -286,7 +286,7 @@ std::string memory_summary() {
                           m.limit_bytes == std::numeric_limits<std::size_t>::max() ? "none"
                                                                                     : mib(m.limit_bytes).c_str());
   };
-  std::string out = "memory:\n" + line("cpu", detail::allocator_for<D>().stats());
+  std::string out = "memory:\n" + line("cpu", detail::allocator_for<cpu>().stats());
 #if LOCUS_HAS_CUDA
   out += line("pinned", detail::allocator_for<P>().stats());
   int n = 0;
